@@ -1,0 +1,22 @@
+"""landscape: curvature, sharpness and loss surfaces of PyTorch models.
+
+Public API (each section is filled by the module that owns it)::
+
+    import landscape as ls
+    obj = ls.Objective(model, loss_fn, data)
+    ls.eigenvalues(ls.hessian(obj), k=5); ls.trace(obj); ls.spectral_density(obj)
+    ls.sharpness(obj, "worst_case", rho=0.05)
+    ls.surface(obj, directions=[d1, d2], coords=[xs, ys])
+"""
+
+from landscape.results import Result, load_result  # noqa: F401
+
+# --- objective / operators (curvature core) ---
+
+# --- eigenvalues / trace / density (curvature core) ---
+
+# --- sharpness ---
+
+# --- surfaces, directions, data, models ---
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from landscape.cli import main
+
+raise SystemExit(main())
