@@ -25,6 +25,9 @@ Used by :class:`optimizers.MFVI`, :class:`optimizers.BayesianSAM` and the SAM fa
     The model is run in eval mode under ``torch.no_grad()``; its parameters, buffers, ``.grad`` and
     train/eval mode are left exactly as they were.
 
+``check_nonneg``, ``check_positive``, ``check_closure_loss``
+    Validation helpers with error messages that name the argument and the fix.
+
 ``resolve_generator(seed, generator, device)``
     The generator convention of this package: an explicit ``generator`` wins; else a new one on
     ``device`` seeded with ``seed`` (``seed=None`` draws a seed from torch's global RNG, so
@@ -41,6 +44,36 @@ import torch
 from torch import nn
 
 __all__ = ["DiagonalGaussianPosterior", "bayesian_model_average", "resolve_generator", "probabilities"]
+
+
+def check_nonneg(name: str, value: float) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is a finite number ``>= 0``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not value >= 0
+        or value == float("inf")
+    ):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def check_positive(name: str, value: float) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is a finite number ``> 0``."""
+    check_nonneg(name, value)
+    if value == 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def check_closure_loss(loss: Any, who: str) -> torch.Tensor:
+    """The closure contract: it must return the loss tensor."""
+    if loss is None:
+        raise ValueError(
+            f"{who}: the closure returned None; it must zero the grads, run forward and backward and "
+            "`return loss`"
+        )
+    if not isinstance(loss, torch.Tensor):
+        loss = torch.as_tensor(loss)
+    return loss
 
 
 def resolve_generator(
