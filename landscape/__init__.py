@@ -12,6 +12,7 @@ Public API (each section is filled by the module that owns it)::
 from landscape.results import Result, load_result  # noqa: F401
 
 # --- objective / operators (curvature core) ---
+from landscape.objective import Objective  # noqa: F401
 
 # --- eigenvalues / trace / density (curvature core) ---
 
