@@ -1,0 +1,274 @@
+"""Bayesian SAM / bSAM (Moellenhoff & Khan 2023, "SAM as an optimal relaxation of Bayes", Alg. 1).
+
+Seed ``bsam_sam_as_relaxation_of_bayes.txt`` (its equations were lost in extraction); the rule below
+is the published Alg. 1 as written in ``specs/optimizers.md`` and as the official code runs it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from optimizers._perturb import bn_restore, bn_snapshot
+from optimizers._posterior import (
+    DiagonalGaussianPosterior,
+    check_closure_loss,
+    check_nonneg,
+    check_positive,
+    resolve_generator,
+)
+
+__all__ = ["BayesianSAM"]
+
+
+class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
+    r"""bSAM: SAM with a learned diagonal-Gaussian posterior ``N(w, diag(1 / (N s)))``.
+
+    State per parameter: mean ``w`` (the parameter), momentum ``g_m = 0``, precision ``s = s_init``.
+    With ``delta = prior_precision / N`` and the batch split into ``m`` sub-batches, one step is
+    (Alg. 1 of the paper; ``specs/optimizers.md``)::
+
+        for each sub-batch k:
+            e_k  ~ N(0, 1 / (N s))                       # line 3; skipped with noise=False
+            g_k  = grad L_k(w + e_k)                     # closure at the noisy point
+            eps_k = rho * g_k / s                        # no normalisation
+            g_eps,k = grad L_k(w + eps_k)                # closure at the mean plus eps (not w + e_k)
+            h_k  = sqrt(s) * |g_k|
+        g_eps, h = means over k
+        g_m <- beta1 g_m + (1 - beta1) (g_eps + delta w)
+        s   <- beta2 s   + (1 - beta2) (h + delta + damping)
+        w   <- w - lr * g_m / s
+
+    ``s_update_order="paper"`` (default) updates ``s`` before ``w`` as Alg. 1 is printed;
+    ``"official"`` divides by the ``s`` from *before* the update, as the authors' JAX code does.
+    The two agree to first order in ``1 - beta2``.
+
+    ``noise=False`` is the paper's "bSAM w/o noise" ablation (App. F.5): ``g_k`` at ``w`` itself;
+    the step is then deterministic.  Noise is drawn with ``self.generator`` per sub-batch,
+    parameter by parameter in ``param_groups`` order,
+    ``torch.randn(p.shape, generator, dtype=p.dtype, device=p.device) * (N s)^{-1/2}``.
+
+    Weight decay: there is none besides the prior term ``delta w`` (``prior_precision`` plays that
+    role); ``damping`` (gamma) regularises ``s`` only.
+
+    Args:
+        params: parameters or param groups (``lr``, ``rho``, ``betas``, ``prior_precision``,
+            ``damping`` may be set per group).
+        lr: step size alpha (official CIFAR setting 0.5 with warm-up and cosine decay).
+        num_data: ``N``, the training-set size (times the augmentation factor if you use one;
+            official CIFAR code: 4).
+        rho: SAM radius scale; default 0.01 (official CIFAR setting).
+        betas: ``(beta1, beta2)``; default ``(0.9, 0.999)`` (paper, Sec. 5).
+        prior_precision: precision of the ``N(0, 1/prior_precision)`` prior; default 40 (official
+            CIFAR setting); ``delta = prior_precision / N``.
+        damping: gamma, default 0.1 (paper).
+        s_init: initial precision, default 1.0 (paper).
+        noise: ``False`` gives the "bSAM w/o noise" ablation.
+        m: sub-batches (m-sharpness, paper App. E.4, experiments use 8).  With ``m > 1`` the closure
+            is called as ``closure(k)`` and computes the loss of sub-batch ``k`` (same contract as
+            the SAM family, :mod:`optimizers._perturb`; build it with ``make_closure``).
+        s_update_order: ``"paper"`` or ``"official"`` (see above).
+        seed, generator: randomness (see :func:`optimizers._posterior.resolve_generator`).
+        model: optional module; BatchNorm running statistics are updated only by the first pass of
+            each sub-batch (the pass at the noisy point), never by the pass at ``w + eps``.
+
+    ``self.last``: ``loss`` (mean over sub-batches of the first-pass loss, at ``w + e``),
+    ``loss_perturbed`` (at ``w + eps``), ``grad_norm`` (``||g||``, mean over sub-batches),
+    ``eps_norm``, ``noise_norm``, ``s_min/s_mean/s_max`` (after the update), ``posterior_std_mean``.
+    The posterior for prediction: :meth:`posterior_std`, :meth:`sample`,
+    :meth:`bayesian_model_average` (paper: 32 samples).
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float,
+        num_data: int,
+        rho: float = 0.01,  # official CIFAR setting
+        betas: tuple[float, float] = (0.9, 0.999),  # paper Sec. 5
+        prior_precision: float = 40.0,  # official CIFAR setting
+        damping: float = 0.1,  # paper, gamma
+        s_init: float = 1.0,  # paper
+        noise: bool = True,
+        m: int = 1,
+        s_update_order: str = "paper",
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        model: nn.Module | None = None,
+    ) -> None:
+        check_nonneg("lr", lr)
+        if not isinstance(num_data, int) or isinstance(num_data, bool) or num_data <= 0:
+            raise ValueError(f"num_data must be a positive int (the training-set size N), got {num_data!r}")
+        check_nonneg("rho", rho)
+        check_nonneg("prior_precision", prior_precision)
+        check_nonneg("damping", damping)
+        check_positive("s_init", s_init)
+        if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"m (number of sub-batches) must be an int >= 1, got {m!r}")
+        if s_update_order not in ("paper", "official"):
+            raise ValueError(f"s_update_order must be 'paper' or 'official', got {s_update_order!r}")
+        if model is not None and not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module or None, got {type(model).__name__}")
+        defaults = dict(lr=lr, rho=rho, betas=tuple(betas), prior_precision=prior_precision, damping=damping)
+        super().__init__(params, defaults)
+        self.num_data = num_data
+        self.s_init = float(s_init)
+        self.noise = bool(noise)
+        self.m = m
+        self.s_update_order = s_update_order
+        self.model = model
+        first = next((p for g in self.param_groups for p in g["params"]), None)
+        self.generator, self.seed = resolve_generator(
+            seed, generator, first.device if first is not None else None
+        )
+        self.config = dict(
+            lr=lr,
+            num_data=num_data,
+            rho=rho,
+            betas=tuple(betas),
+            prior_precision=prior_precision,
+            damping=damping,
+            s_init=s_init,
+            noise=noise,
+            m=m,
+            s_update_order=s_update_order,
+            seed=self.seed,
+        )
+        self.last: dict[str, Any] = {}
+
+    # ----------------------------------------------------------------------------------------
+    def _params(self) -> list[tuple[dict[str, Any], torch.Tensor]]:
+        return [(g, p) for g in self.param_groups for p in g["params"] if p.requires_grad]
+
+    def _s(self, p: torch.Tensor) -> torch.Tensor:
+        st = self.state[p]
+        if "s" not in st:
+            st["s"] = torch.full_like(p, self.s_init, memory_format=torch.preserve_format)
+            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["step"] = 0
+        return st["s"]
+
+    def precision(self) -> dict[torch.Tensor, torch.Tensor]:
+        """The precision vector ``s`` of every parameter (``s_init`` before the first step)."""
+        return {p: self._s(p).detach().clone() for _, p in self._params()}
+
+    def posterior_std(self) -> dict[torch.Tensor, torch.Tensor]:
+        """``sqrt(1 / (N s))`` for every parameter (posterior ``N(w, diag(1/(N s)))``)."""
+        return {p: torch.rsqrt(self.num_data * self._s(p).detach()) for _, p in self._params()}
+
+    def _call(self, closure: Callable[..., Any], chunk: int | None) -> torch.Tensor:
+        for _, p in self._params():
+            p.grad = None
+        with torch.enable_grad():
+            loss = closure() if chunk is None else closure(chunk)
+        return check_closure_loss(loss, "BayesianSAM").detach()
+
+    # ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor:  # type: ignore[override]
+        """One bSAM step: ``2 m`` closure calls.  Returns the mean first-pass loss."""
+        if closure is None or not callable(closure):
+            raise ValueError(
+                "BayesianSAM.step needs a closure that zeroes grads, runs forward and backward and returns "
+                "the loss (with m > 1: closure(chunk) computing the loss of sub-batch `chunk`)"
+            )
+        pairs = self._params()
+        params = [p for _, p in pairs]
+        s_list = [self._s(p) for p in params]
+        n = self.num_data
+        chunks: list[int | None] = [None] if self.m == 1 else list(range(self.m))
+        g_eps_sum = [torch.zeros_like(p) for p in params]
+        h_sum = [torch.zeros_like(p) for p in params]
+        touched = [False] * len(params)
+        losses, losses_eps = [], []
+        eps_sq = noise_sq = gnorm = 0.0
+        for k in chunks:
+            saved = [p.detach().clone() for p in params]
+            # pass 1: gradient at the noisy point w + e_k (at w without noise)
+            try:
+                if self.noise:
+                    for p, s in zip(params, s_list):
+                        e = torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device)
+                        e.mul_(torch.rsqrt(n * s))
+                        noise_sq += float(e.square().sum())
+                        p.add_(e)
+                losses.append(self._call(closure, k))
+            finally:
+                for p, old in zip(params, saved):
+                    p.copy_(old)
+            grads = [p.grad.detach().clone() if p.grad is not None else None for p in params]
+            # pass 2: gradient at the mean plus eps_k = rho g_k / s
+            snap = bn_snapshot(self.model)
+            try:
+                g_sq = 0.0
+                for (group, p), g, s in zip(pairs, grads, s_list):
+                    if g is None:
+                        continue
+                    eps = group["rho"] * g / s
+                    eps_sq += float(eps.square().sum())
+                    g_sq += float(g.square().sum())
+                    p.add_(eps)
+                gnorm += math.sqrt(g_sq)
+                losses_eps.append(self._call(closure, k))
+            finally:
+                for p, old in zip(params, saved):
+                    p.copy_(old)
+                bn_restore(snap)
+            for i, (p, g, s) in enumerate(zip(params, grads, s_list)):
+                if p.grad is not None:
+                    g_eps_sum[i].add_(p.grad)
+                    touched[i] = True
+                if g is not None:
+                    h_sum[i].add_(s.sqrt() * g.abs())
+                    touched[i] = True
+        m = len(chunks)
+        for i, ((group, p), s) in enumerate(zip(pairs, s_list)):
+            if not touched[i]:
+                continue
+            st = self.state[p]
+            beta1, beta2 = group["betas"]
+            delta = group["prior_precision"] / n
+            g_eps = g_eps_sum[i] / m
+            h = h_sum[i] / m
+            gm = st["exp_avg"]
+            gm.mul_(beta1).add_(g_eps + delta * p, alpha=1.0 - beta1)
+            if self.s_update_order == "official":
+                p.addcdiv_(gm, s, value=-group["lr"])
+                s.mul_(beta2).add_(h + delta + group["damping"], alpha=1.0 - beta2)
+            else:
+                s.mul_(beta2).add_(h + delta + group["damping"], alpha=1.0 - beta2)
+                p.addcdiv_(gm, s, value=-group["lr"])
+            st["step"] += 1
+            p.grad = g_eps  # the descent gradient actually used (readable by callers)
+        all_s = torch.cat([s.reshape(-1) for s in s_list]) if s_list else torch.ones(1)
+        loss = torch.stack(losses).mean()
+        self.last = dict(
+            loss=float(loss),
+            loss_perturbed=float(torch.stack(losses_eps).mean()),
+            grad_norm=gnorm / m,
+            eps_norm=math.sqrt(eps_sq / m),
+            noise_norm=math.sqrt(noise_sq / m),
+            s_min=float(all_s.min()),
+            s_mean=float(all_s.mean()),
+            s_max=float(all_s.max()),
+            posterior_std_mean=float(torch.rsqrt(n * all_s).mean()),
+        )
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["generator"] = self.generator.get_state()
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sd = dict(state_dict)
+        gen = sd.pop("generator", None)
+        super().load_state_dict(sd)
+        if gen is not None:
+            self.generator.set_state(gen)
