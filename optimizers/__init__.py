@@ -7,6 +7,9 @@ Every optimizer is stepped the same way::
 
 # --- SAM family (two-pass perturb-then-descend) ---
 from ._perturb import bn_update_disabled, make_closure  # noqa: E402,F401
+from .fisher_sam import FisherSAM  # noqa: E402,F401
+from .random_sam import MixSAM, RandomSAM  # noqa: E402,F401
 from .sam import ASAM, SAM  # noqa: E402,F401
+from .vsam import VariationalSAM  # noqa: E402,F401
 
 # --- Bayesian / second-order (MFVI, bSAM, G-TRACER, flat-seeking) ---

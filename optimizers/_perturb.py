@@ -200,7 +200,8 @@ class PerturbationOptimizer(torch.optim.Optimizer):
     """Base class of the perturb-then-descend optimizers (see the module docstring).
 
     Subclasses implement :meth:`_perturbation` (``eps`` from the gradient at ``w``) and optionally
-    :meth:`_adjust_descent` (edit the descent gradient, e.g. add a penalty, before the base step),
+    :meth:`_begin_step` (reset per-step accumulators), :meth:`_adjust_descent` (edit the descent
+    gradient, e.g. add a penalty, before the base step),
     set ``passes = 1`` for single-pass methods (perturbation does not use the gradient), and
     :meth:`_extra_state` / :meth:`_load_extra_state` for non-tensor state such as RNG state.
 
@@ -305,6 +306,9 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         """
         raise NotImplementedError
 
+    def _begin_step(self) -> None:
+        """Called at the start of every step (reset per-step accumulators); default: nothing."""
+
     def _adjust_descent(self) -> None:
         """Edit ``p.grad`` (the descent gradient) in place before the base step; default: nothing."""
 
@@ -352,6 +356,7 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         """
         self._check_closure(closure)
         assert closure is not None
+        self._begin_step()
         chunks: list[int | None] = [None] if self.m == 1 else list(range(self.m))
         sums: dict[torch.Tensor, torch.Tensor] = {}
         records: list[dict[str, Any]] = []

@@ -1,0 +1,101 @@
+"""Fisher SAM (Kim et al. 2022, ICML; seed ``fisher_sam.txt``, eqs. 10-12 and Sec. 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._perturb import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
+
+__all__ = ["FisherSAM"]
+
+
+class FisherSAM(PerturbationOptimizer):
+    r"""Fisher SAM: SAM with the Fisher-information ellipsoid ``eps^T F eps <= gamma^2``.
+
+    Kim et al. 2022, eq. (10): ``eps = gamma F~^{-1} g / sqrt(g^T F~^{-1} g)`` (``+1e-12`` in the
+    denominator), so ``eps^T F~ eps = gamma^2`` exactly.  Diagonal Fisher:
+
+    * ``fisher=None`` (the paper's gradient-magnitude approximation, eq. 12 and Sec. 5):
+      ``F~ = 1 + eta * g**2`` with ``g`` the mini-batch mean gradient, i.e. ``F~^{-1} = 1/(1 + eta g^2)``;
+    * ``fisher`` a callable ``param -> diagonal Fisher`` (same shape, positive): used as is,
+      ``F~ = fisher(param)`` (e.g. a toy problem's analytic Fisher).
+
+    ``eta = 0`` gives SAM with ``rho = gamma``.  Note that rescaling ``F~^{-1} g`` to *Euclidean*
+    length ``gamma`` is not Fisher SAM (``specs/optimizers.md``, pitfalls).
+
+    Args:
+        rho: the paper's ``gamma``, default 0.1 (Kim et al. 2022, Sec. 5.1, CIFAR).
+        eta: Fisher strength, default 1.0 (Sec. 5.1; label-noise setting 0.001).
+        fisher: optional callable giving the diagonal Fisher of a parameter tensor.
+        grad_scale: factor by which the closure's gradients are scaled (AMP loss scale, or ``1/k``
+            for gradient accumulation over ``k`` micro-batches); ``f`` is computed from
+            ``grad / grad_scale`` so that it is the Fisher of the true mean gradient.
+        (``base_optimizer``, ``model``, ``m``, ``**base_kwargs`` as :class:`optimizers.SAM`.)
+
+    ``self.last``: ``loss``, ``loss_perturbed``, ``grad_norm`` (``||g||``), ``fisher_quadratic``
+    (``g^T F~^{-1} g``), ``eps_norm`` (``||eps||``), ``eps_fisher_norm`` (``sqrt(eps^T F~ eps) = gamma``).
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        base_optimizer: Any = torch.optim.SGD,
+        rho: float = 0.1,  # gamma; Kim et al. 2022, Sec. 5.1 (CIFAR-10/100)
+        eta: float = 1.0,  # Kim et al. 2022, Sec. 5.1 (label noise: 0.001)
+        *,
+        fisher: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        grad_scale: float = 1.0,
+        model: nn.Module | None = None,
+        m: int = 1,
+        **base_kwargs: Any,
+    ) -> None:
+        check_nonnegative("rho", rho)
+        check_nonnegative("eta", eta)
+        if fisher is not None and not callable(fisher):
+            raise TypeError("fisher must be a callable param -> diagonal Fisher (same shape), or None")
+        if not float(grad_scale) > 0:
+            raise ValueError(f"grad_scale must be > 0 (the AMP/accumulation factor), got {grad_scale!r}")
+        self.fisher = fisher
+        self.grad_scale = float(grad_scale)
+        super().__init__(
+            params, base_optimizer, model=model, m=m, defaults={"rho": rho, "eta": eta}, **base_kwargs
+        )
+
+    def _diag_fisher(self, group: dict[str, Any], p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        if self.fisher is None:
+            return g * g * group["eta"] + 1.0
+        f = self.fisher(p)
+        if not isinstance(f, torch.Tensor) or f.shape != p.shape:
+            raise ValueError(
+                f"fisher(param) must return a tensor of the parameter's shape {tuple(p.shape)}, got "
+                f"{getattr(f, 'shape', type(f).__name__)}"
+            )
+        f = f.detach().to(dtype=p.dtype, device=p.device)
+        if not bool((f > 0).all()):
+            raise ValueError("fisher(param) must be strictly positive (it is inverted); add a small damping")
+        return f
+
+    def _perturbation(self, pairs):
+        grads = [p.grad / self.grad_scale if self.grad_scale != 1.0 else p.grad for _, p in pairs]
+        fishers = [self._diag_fisher(group, p, g) for (group, p), g in zip(pairs, grads)]
+        fg = [g / f for g, f in zip(grads, fishers)]  # F~^{-1} g
+        if fg:
+            quad = torch.stack([(g * v).sum() for g, v in zip(grads, fg)]).sum()
+        else:
+            quad = torch.zeros(())
+        inv = 1.0 / (quad.sqrt() + NORM_GUARD)
+        eps = [v * (group["rho"] * inv) for (group, _), v in zip(pairs, fg)]
+        if eps:
+            fnorm = torch.stack([(e * f * e).sum() for e, f in zip(eps, fishers)]).sum().sqrt()
+        else:
+            fnorm = torch.zeros(())
+        return eps, {
+            "grad_norm": global_norm(grads),
+            "fisher_quadratic": quad,
+            "eps_norm": global_norm(eps),
+            "eps_fisher_norm": fnorm,
+        }
