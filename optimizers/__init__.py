@@ -13,3 +13,8 @@ from .sam import ASAM, SAM  # noqa: E402,F401
 from .vsam import VariationalSAM  # noqa: E402,F401
 
 # --- Bayesian / second-order (MFVI, bSAM, G-TRACER, flat-seeking) ---
+# isort: split
+from ._posterior import DiagonalGaussianPosterior, bayesian_model_average  # noqa: E402,F401
+from .bsam import BayesianSAM  # noqa: E402,F401
+from .mfvi import MFVI  # noqa: E402,F401
+from .tracer import AdamTracer, SGDTracer  # noqa: E402,F401
