@@ -143,13 +143,14 @@ def bn_update_disabled(model: nn.Module) -> Iterator[None]:
 
     The statistics are snapshotted on entry and restored bit-exactly on exit (also on error).  Use
     it in a closure for the pass at the perturbed point when the optimizer was built without
-    ``model=``::
+    ``model=``; keep ``backward()`` inside the block (autograd saved the BN buffers for the
+    backward pass and checks that they were not modified in place before it ran)::
 
         def closure():
             opt.zero_grad()
             with bn_update_disabled(model) if opt.perturbed else contextlib.nullcontext():
                 loss = loss_fn(model(x), y)
-            loss.backward()
+                loss.backward()
             return loss
     """
     if not isinstance(model, nn.Module):
