@@ -666,3 +666,22 @@ def test_global_norm_helper():
     b = torch.tensor([[4.0]], dtype=DT)
     assert float(global_norm([a, b])) == 5.0
     assert float(global_norm([])) == 0.0
+
+
+def test_param_groups_per_group_rho_and_add_param_group():
+    model, x, y, module_loss, flat_loss = _mlp_problem(seed=12)
+    params = list(model.parameters())
+    opt = SAM(
+        [{"params": params[:2], "rho": 0.2}, {"params": params[2:3]}], torch.optim.SGD, rho=0.05, lr=0.1
+    )
+    opt.add_param_group({"params": params[3:], "lr": 0.01})
+    assert opt.param_groups is opt.base_optimizer.param_groups and len(opt.param_groups) == 3
+    assert opt.param_groups[2]["rho"] == 0.05 and opt.param_groups[1]["lr"] == 0.1
+    theta = _flat(model)
+    sizes = [p.numel() for p in params]
+    rho = torch.cat([torch.full((n,), r, dtype=DT) for n, r in zip(sizes, [0.2, 0.2, 0.05, 0.05])])
+    lr = torch.cat([torch.full((n,), r, dtype=DT) for n, r in zip(sizes, [0.1, 0.1, 0.1, 0.01])])
+    _, g = _grad(flat_loss, theta, x, y)
+    _, ge = _grad(flat_loss, theta + rho * g / (g.norm() + GUARD), x, y)
+    opt.step(_module_closure(opt, model, module_loss, x, y))
+    torch.testing.assert_close(_flat(model), theta - lr * ge, **TOL)
