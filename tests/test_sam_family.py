@@ -685,3 +685,23 @@ def test_param_groups_per_group_rho_and_add_param_group():
     _, ge = _grad(flat_loss, theta + rho * g / (g.norm() + GUARD), x, y)
     opt.step(_module_closure(opt, model, module_loss, x, y))
     torch.testing.assert_close(_flat(model), theta - lr * ge, **TOL)
+
+
+def test_fisher_sam_grad_scale_undoes_loss_scaling():
+    model, x, y, module_loss, _ = _mlp_problem(seed=13)
+    eps = []
+    for scale in (1.0, 64.0):
+        m = copy.deepcopy(model)
+        opt = FisherSAM(m.parameters(), torch.optim.SGD, rho=0.1, eta=5.0, grad_scale=scale, lr=0.0)
+        log: list = []
+        opt.step(_recording_closure(opt, m, lambda o, t, s=scale: s * module_loss(o, t), x, y, log))
+        eps.append(log[1][0] - log[0][0])
+        g = log[0][1] / scale
+        torch.testing.assert_close(opt.last["fisher_quadratic"], (g * g / (1 + 5.0 * g * g)).sum(), **TOL)
+    torch.testing.assert_close(eps[1], eps[0], rtol=1e-9, atol=1e-13)
+    # without undoing the scale the Fisher (and eps) would differ
+    m = copy.deepcopy(model)
+    opt = FisherSAM(m.parameters(), torch.optim.SGD, rho=0.1, eta=5.0, lr=0.0)
+    log = []
+    opt.step(_recording_closure(opt, m, lambda o, t: 64.0 * module_loss(o, t), x, y, log))
+    assert not torch.allclose(log[1][0] - log[0][0], eps[0], rtol=1e-3, atol=0)
