@@ -59,7 +59,11 @@ Pass ``model=`` to have running statistics updated only by the first pass at ``w
 snapshotted before the pass at ``w + eps`` and restored bit-exactly after it (so the statistics
 after a step equal those of one plain train-mode forward pass).  Without ``model=`` the closure
 can read ``optimizer.perturbed`` and wrap its forward in ``bn_update_disabled(model)`` itself.
-A model without BatchNorm is unaffected either way.
+A model without BatchNorm is unaffected either way.  With ``m > 1`` each chunk's first pass
+updates the statistics (``m`` updates per step, as ``m`` plain forward passes over the chunks
+would); single-pass methods (RandomSAM) update them in their only pass.  Snapshot/restore is used
+rather than the "momentum = 0" trick (``specs/optimizers.md``) because it is bit exact and also
+covers ``momentum=None`` (cumulative averages, where ``num_batches_tracked`` drives the update).
 """
 
 from __future__ import annotations

@@ -39,7 +39,9 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
     ``p`` is the number of parameter elements with a gradient (all of them in ordinary use).
     ``sigma`` starts at ``rho / sqrt(p_total)`` so that ``||eps|| ~ rho`` initially (seed App. D:
     perturbation size ~0.05).  The seed observes ``Sigma`` growing until the first-order Taylor
-    approximation breaks down: inspect it with :meth:`posterior_std` / ``self.last``.
+    approximation breaks down: inspect it with :meth:`posterior_std` / ``self.last``.  The
+    ``-1/(N sigma)`` term of ``dJ/dsigma`` dominates while ``sigma`` is small, so with a small
+    ``num_data`` ``sigma`` grows by ``~sigma_lr/(N sigma)`` per step at first.
 
     The posterior ``N(mu, Sigma)`` is exposed through the
     :class:`optimizers._posterior.DiagonalGaussianPosterior` API: :meth:`posterior_std`,
