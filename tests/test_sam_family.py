@@ -705,3 +705,25 @@ def test_fisher_sam_grad_scale_undoes_loss_scaling():
     log = []
     opt.step(_recording_closure(opt, m, lambda o, t: 64.0 * module_loss(o, t), x, y, log))
     assert not torch.allclose(log[1][0] - log[0][0], eps[0], rtol=1e-3, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", [SAM, ASAM, FisherSAM, MixSAM, RandomSAM, VariationalSAM])
+def test_cuda_matches_cpu(cls):
+    model, x, y, module_loss, _ = _mlp_problem(seed=14)
+    kw = {"num_data": 18} if cls is VariationalSAM else {}
+    results = []
+    for device in ("cpu", "cuda"):
+        m = copy.deepcopy(model).to(device)
+        opt = cls(m.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9, **kw)
+        if cls in (MixSAM, RandomSAM):  # a generator on the parameters' device
+            opt.generator = torch.Generator(device=device).manual_seed(0)
+        for xb, yb in _batches(x.to(device), y.to(device), 3):
+            opt.step(_module_closure(opt, m, module_loss, xb, yb))
+        results.append((_flat(m).cpu(), float(opt.last["eps_norm"])))
+    if cls is MixSAM:  # CPU and CUDA generators give different noise: check the constraint only
+        assert results[1][1] == pytest.approx(0.05, rel=1e-9)
+    elif cls is RandomSAM:  # ||eps|| = rho ||z|| / sqrt(p), ||z||^2 ~ chi^2_51
+        assert 0.02 < results[1][1] < 0.08
+    else:
+        torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-9, atol=1e-11)
