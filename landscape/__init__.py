@@ -19,5 +19,7 @@ from landscape.objective import Objective  # noqa: F401
 # --- sharpness ---
 
 # --- surfaces, directions, data, models ---
+from landscape import data, directions, models, trajectory  # noqa: F401
+from landscape.surface import Surface, load_surface, surface  # noqa: F401
 
 __version__ = "0.1.0"
