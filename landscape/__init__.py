@@ -15,6 +15,9 @@ from landscape.results import Result, load_result  # noqa: F401
 from landscape.objective import Objective  # noqa: F401
 
 # --- eigenvalues / trace / density (curvature core) ---
+from landscape.density import DensityResult, spectral_density  # noqa: F401
+from landscape.eigen import EigenResult, eigenvalues, power_iteration  # noqa: F401
+from landscape.trace import DiagonalResult, TraceResult, diagonal, trace  # noqa: F401
 
 # --- sharpness ---
 

@@ -1,0 +1,472 @@
+"""Trace and diagonal estimation with error bars, stopping on the error bar.
+
+Estimators (all with Rademacher probes, all reporting a standard error):
+
+* ``"hutchinson"`` -- ``tr(A) ~ (1/n) sum_i z_i^T A z_i`` (Hutchinson 1990; Avron & Toledo 2011).
+  Standard error: sample standard deviation of the ``z_i^T A z_i`` over ``sqrt(n)``.
+* ``"hutchpp"`` -- Hutch++ (Meyer, Musco, Musco & Woodruff, SOSA 2021, Alg. 1): a sketch
+  ``Q = orth(A S)`` is fixed first, ``tr(Q^T A Q)`` is computed exactly, and Hutchinson runs on the
+  deflated remainder ``(I - QQ^T) A (I - QQ^T)``.  Given ``Q`` the remainder samples are i.i.d., so
+  their sample variance gives a legitimate standard error; samples are added until the tolerance is
+  met or the budget is spent.
+* ``"xtrace"`` -- XTrace (Epperly, Tropp & Webber, SIAM J. Matrix Anal. Appl. 2024, Alg. 2 and
+  eq. (2.6)): the exchangeable leave-one-out estimator ``tr_i = tr(Q_(i)^T A Q_(i)) +
+  w_i^T (I - P_(i)) A (I - P_(i)) w_i`` averaged over ``i``, with its jackknife-style error estimate
+  ``std(tr_i) / sqrt(m)``.  ``m`` probes cost ``2m`` matvecs; ``m`` is doubled (re-using all previous
+  products) until the tolerance is met or the budget is spent.
+* ``"auto"`` -- a pilot of ``m0 = 8`` Rademacher probes, ``Y = A Omega``.  The stable rank
+  ``||Y||_F^2 / ||Y||_2^2`` (between 1 and ``m0``) measures how much of ``||A||_F^2`` -- which sets
+  Hutchinson's variance, ``2 (||A||_F^2 - sum_i A_ii^2)`` -- sits in a few directions.  If it is
+  ``<= m0 / 2`` the spectrum decays and the low-rank part dominates: XTrace continues from the pilot
+  (its ``Omega, Y`` are re-used); otherwise Hutchinson continues with the pilot's ``m0`` samples.
+  Either way no pilot matvec is wasted.  Operators with ``p <= 2 m0`` are traced exactly.
+
+The stopping rule is always ``t_{n-1, level} * stderr <= max(rtol * |estimate|, atol)`` -- the
+half-width of the confidence interval -- never the change of the running mean.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from landscape._linop import as_linop, blocks, make_generator, rademacher, seed_config
+from landscape.results import Result
+
+__all__ = ["TraceResult", "DiagonalResult", "trace", "diagonal"]
+
+_METHODS = ("auto", "hutchinson", "hutchpp", "xtrace", "exact")
+
+
+def _tq(level: float, dof: int) -> float:
+    """Two-sided Student-t quantile (normal for ``dof`` = 0 / infinite)."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    from scipy import stats
+
+    q = 0.5 + level / 2
+    return float(stats.t.ppf(q, dof)) if dof and dof > 0 else float(stats.norm.ppf(q))
+
+
+@dataclass
+class TraceResult(Result):
+    """A trace estimate with its standard error (``ci`` uses a Student-t quantile with ``dof``)."""
+
+    value: float = math.nan
+    stderr: float = math.nan
+    matvecs: int = 0
+    method: str = ""
+    samples: list[float] = field(default_factory=list)
+    dof: int = 0
+    converged: bool = False
+    exact_part: float = 0.0
+
+    kind: ClassVar[str] = "trace"
+
+    def ci(self, level: float = 0.95) -> tuple[float, float]:
+        """Two-sided confidence interval ``value +- t_{dof}(level) * stderr``."""
+        half = _tq(level, self.dof) * self.stderr
+        return self.value - half, self.value + half
+
+    def __repr__(self) -> str:
+        return (
+            f"TraceResult(method={self.method!r}, value={self.value:.6g}, stderr={self.stderr:.3g}, "
+            f"matvecs={self.matvecs}, converged={self.converged})"
+        )
+
+
+@dataclass
+class DiagonalResult(Result):
+    """A diagonal estimate with per-entry standard errors."""
+
+    values: torch.Tensor | None = None
+    stderr: torch.Tensor | None = None
+    matvecs: int = 0
+    method: str = ""
+    samples: int = 0
+
+    kind: ClassVar[str] = "diagonal"
+    tensor_fields: ClassVar[tuple[str, ...]] = ("values", "stderr")
+
+
+def _met(value: float, stderr: float, dof: int, rtol: float, atol: float, level: float) -> bool:
+    return _tq(level, dof) * stderr <= max(rtol * abs(value), atol)
+
+
+def _mean_se(x: torch.Tensor) -> tuple[float, float]:
+    n = x.numel()
+    mean = float(x.mean())
+    se = float(x.std(unbiased=True)) / math.sqrt(n) if n > 1 else math.inf
+    return mean, se
+
+
+class _Hutch:
+    """Hutchinson samples on ``(I - QQ^T) A (I - QQ^T)`` (``Q`` empty: plain Hutchinson)."""
+
+    def __init__(self, A, gen, Q: torch.Tensor | None = None):
+        self.A, self.gen, self.Q = A, gen, Q
+        self.samples = torch.zeros(0, dtype=torch.float64)
+
+    def add(self, n: int) -> None:
+        Z = rademacher(self.A.p, n, self.gen, self.A.device)
+        if self.Q is not None and self.Q.shape[1]:
+            Z = Z - self.Q @ (self.Q.T @ Z)
+        s = (Z * self.A.matmat(Z)).sum(0).cpu()
+        self.samples = torch.cat([self.samples, s])
+
+
+def _xtrace_loo(R, H, W, ZO, OY) -> torch.Tensor:
+    """Leave-one-out XTrace estimates ``tr_i`` from the small matrices of one probe set.
+
+    With ``Y = A Omega = Q R`` (``R`` square, invertible; triangular or not), ``H = Q^T A Q``,
+    ``W = Q^T Omega``, ``ZO = (A Q)^T Omega`` and ``OY_i = w_i^T A w_i``: removing probe ``i`` removes
+    the direction ``q_i = Q s_i``, ``s_i = R^{-T} e_i / ||R^{-T} e_i||``, from the basis, so
+    ``tr(P_(i) A) = tr(H) - s_i^T H s_i`` and, with ``a_i = W_i - s_i (s_i^T W_i)``,
+    ``(I - P_(i)) w_i = w_i - Q a_i`` and ``A (I - P_(i)) w_i = y_i - A Q a_i``: no further matvec.
+    Leading batch dimensions are allowed.
+    """
+    Sm = torch.linalg.inv(R).transpose(-1, -2)
+    Sm = Sm / torch.linalg.vector_norm(Sm, dim=-2, keepdim=True)
+    c = (Sm * W).sum(-2, keepdim=True)
+    a = W - Sm * c
+    trH = torch.diagonal(H, dim1=-2, dim2=-1).sum(-1, keepdim=True)
+    trP = trH - (Sm * (H @ Sm)).sum(-2)
+    quad = OY - (ZO * a).sum(-2) - (R * a).sum(-2) + (a * (H @ a)).sum(-2)
+    return trP + quad
+
+
+class _XTrace:
+    """Incremental XTrace state: probes, their products and an orthonormal basis of the products."""
+
+    def __init__(self, A, gen):
+        self.A, self.gen = A, gen
+        p, dev = A.p, A.device
+        self.Om = torch.zeros(p, 0, dtype=torch.float64, device=dev)
+        self.Y = torch.zeros_like(self.Om)
+        self.Q = torch.zeros_like(self.Om)
+        self.Z = torch.zeros_like(self.Om)
+
+    @property
+    def m(self) -> int:
+        return self.Om.shape[1]
+
+    def add(self, n: int = 0, Om: torch.Tensor | None = None, Y: torch.Tensor | None = None) -> None:
+        if Om is None:
+            Om = rademacher(self.A.p, n, self.gen, self.A.device)
+            Y = self.A.matmat(Om)
+        # extend the orthonormal basis by CGS2 (leading columns unchanged, so A Q is re-used)
+        W = Y
+        for _ in range(2):
+            W = W - self.Q @ (self.Q.T @ W)
+        Qn, _ = torch.linalg.qr(W)
+        Qn = Qn - self.Q @ (self.Q.T @ Qn)
+        Qn, _ = torch.linalg.qr(Qn)
+        Z = self.A.matmat(Qn)
+        self.Om = torch.cat([self.Om, Om], 1)
+        self.Y = torch.cat([self.Y, Y], 1)
+        self.Q = torch.cat([self.Q, Qn], 1)
+        self.Z = torch.cat([self.Z, Z], 1)
+
+    def estimate(self, jackknife: bool = True) -> tuple[float, float, torch.Tensor]:
+        """XTrace value, its jackknife standard error and the ``m`` leave-one-out estimates.
+
+        The standard error is the delete-one jackknife over *probes* (Efron & Stein 1981): for each
+        ``j`` the XTrace estimate from the other ``m - 1`` probes is recomputed inside ``range(Q)``
+        (no matvec: the basis of ``Y_(-j)`` is ``Q B_j`` with ``B_j`` an orthonormal basis of
+        ``s_j^perp``), and ``se^2 = (m - 1)/m * sum_j (T_(-j) - mean T_(-j))^2``.  We use it rather
+        than the cheaper ``std(tr_i)/sqrt(m)`` of Epperly et al. (eq. 2.6), which ignores the
+        correlation of the ``tr_i`` and under-covered in our repeated runs (~82 % for 95 %).
+        """
+        Q, Y, Z, Om = self.Q, self.Y, self.Z, self.Om
+        m = self.m
+        R = Q.T @ Y
+        H = Q.T @ Z
+        H = 0.5 * (H + H.T)
+        W = Q.T @ Om
+        ZO = Z.T @ Om
+        OY = (Om * Y).sum(0)
+        tri = _xtrace_loo(R, H, W, ZO, OY)
+        value = float(tri.mean())
+        if m < 3:
+            return value, math.inf, tri.cpu()
+        if not jackknife:  # Epperly et al. eq. (2.6): cheap, optimistic
+            return value, float(tri.std(unbiased=True)) / math.sqrt(m), tri.cpu()
+        # s_j and a Householder basis of its orthogonal complement, batched over j
+        eye = torch.eye(m, dtype=R.dtype, device=R.device)
+        Sm = torch.linalg.inv(R).T
+        Sm = Sm / torch.linalg.vector_norm(Sm, dim=0)
+        s = Sm.T  # [j, m]
+        u = s - eye[0]
+        un = torch.linalg.vector_norm(u, dim=1, keepdim=True)
+        u = torch.where(un > 1e-12, u / un.clamp_min(1e-300), torch.zeros_like(u))
+        Hh = eye - 2 * u[:, :, None] * u[:, None, :]  # [j, m, m], maps e_1 to s_j
+        B = Hh[:, :, 1:]  # [j, m, m-1]
+        others = torch.tensor([[i for i in range(m) if i != j] for j in range(m)], device=R.device)
+        Bt = B.transpose(1, 2)
+        Rj = Bt @ R.T[others].transpose(1, 2)  # [j, m-1, m-1]
+        Hj = Bt @ H @ B
+        Wj = Bt @ W.T[others].transpose(1, 2)
+        ZOj = Bt @ ZO.T[others].transpose(1, 2)
+        OYj = OY[others]
+        loo = _xtrace_loo(Rj, Hj, Wj, ZOj, OYj).mean(-1)  # [j]
+        se = math.sqrt(float((m - 1) / m * ((loo - loo.mean()) ** 2).sum()))
+        return value, se, tri.cpu()
+
+
+def _exact(A) -> tuple[float, torch.Tensor]:
+    diag = torch.empty(A.p, dtype=torch.float64)
+    chunk = 256
+    for s in range(0, A.p, chunk):
+        E = torch.zeros(A.p, min(chunk, A.p - s), dtype=torch.float64, device=A.device)
+        E[s : s + E.shape[1]].fill_diagonal_(1.0)
+        diag[s : s + E.shape[1]] = torch.diagonal(A.matmat(E)[s : s + E.shape[1]]).cpu()
+    return float(diag.sum()), diag
+
+
+def trace(
+    op: Any,
+    method: str = "auto",
+    rtol: float = 1e-3,
+    atol: float = 0.0,
+    max_matvecs: int = 100,
+    *,
+    level: float = 0.95,
+    seed: int | torch.Generator | None = 0,
+    block: int = 10,
+    min_samples: int = 10,
+    sketch: int | None = None,
+    pilot: int = 8,
+    per_layer: bool | Mapping[str, int] = False,
+    progress: bool = False,
+) -> TraceResult | dict[str, TraceResult]:
+    """Estimate ``tr(A)`` with a standard error, stopping when the ``level`` confidence interval's
+    half-width is below ``max(rtol * |estimate|, atol)`` or ``max_matvecs`` is spent.
+
+    Args:
+        op: linear operator, dense symmetric tensor or Objective (its Hessian).
+        method: ``"auto"``, ``"hutchinson"``, ``"hutchpp"``, ``"xtrace"`` or ``"exact"`` (see the
+            module docstring).
+        rtol, atol: tolerance on the confidence half-width.
+        max_matvecs: budget of matrix-vector products.
+        level: confidence level of the stopping rule (and the default of ``.ci``).
+        seed: int or ``torch.Generator``.
+        block: probes multiplied per ``matmat`` call (Hutchinson / remainder samples).
+        min_samples: smallest number of samples before the error bar is trusted (Hutchinson).
+        sketch: Hutch++ sketch size (default ``max_matvecs // 3``; costs ``2 * sketch`` matvecs).
+        pilot: XTrace pilot size ``m0`` for ``"auto"`` and the first XTrace stage.
+        per_layer: ``True`` or ``{name: size}``: a dict ``name -> TraceResult`` per diagonal block.
+        progress: tqdm bar over matvecs.
+    """
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if rtol < 0 or atol < 0:
+        raise ValueError(f"rtol and atol must be >= 0, got rtol={rtol}, atol={atol}")
+    if max_matvecs < 2:
+        raise ValueError(f"max_matvecs must be at least 2, got {max_matvecs}")
+    _tq(level, 0)
+    kwargs = dict(
+        method=method,
+        rtol=rtol,
+        atol=atol,
+        max_matvecs=max_matvecs,
+        level=level,
+        block=block,
+        min_samples=min_samples,
+        sketch=sketch,
+        pilot=pilot,
+        progress=progress,
+    )
+    if per_layer is not False:
+        gen = make_generator(seed)
+        return {name: trace(blk, seed=gen, **kwargs) for name, blk in blocks(op, per_layer).items()}
+
+    t0 = time.perf_counter()
+    A = as_linop(op)
+    gen = make_generator(seed)
+    config = {**kwargs, "seed": seed_config(seed), "operator": A.config()}
+    config.pop("progress")
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=max_matvecs, desc=f"trace ({method})", unit="matvec")
+
+    def tick():
+        if bar is not None:
+            bar.n = A.matvecs
+            bar.refresh()
+
+    def budget() -> int:
+        return max_matvecs - A.matvecs
+
+    chosen = method
+    exact_part = 0.0
+    try:
+        if method == "exact" or (method == "auto" and A.p <= 2 * pilot):
+            value, _ = _exact(A)
+            return TraceResult(
+                config=config,
+                seconds=time.perf_counter() - t0,
+                value=value,
+                stderr=0.0,
+                matvecs=A.matvecs,
+                method="exact",
+                samples=[value],
+                dof=0,
+                converged=True,
+            )
+        xt = None
+        hut = None
+        if method == "auto":
+            # pilot: m0 Hutchinson probes; the stable rank of Y = A Omega decides (no extra matvec)
+            m0 = min(pilot, budget())
+            Om = rademacher(A.p, m0, gen, A.device)
+            Y = A.matmat(Om)
+            tick()
+            sv = torch.linalg.svdvals(Y)
+            srank = float((sv**2).sum() / sv[0] ** 2) if float(sv[0]) > 0 else float(m0)
+            config["pilot_stable_rank"] = srank
+            if srank <= m0 / 2 and budget() >= m0:
+                chosen = "xtrace"
+                xt = _XTrace(A, gen)
+                xt.add(Om=Om, Y=Y)
+            else:
+                chosen = "hutchinson"
+                hut = _Hutch(A, gen)
+                hut.samples = (Om * Y).sum(0).cpu()
+            config["chosen"] = chosen
+        elif method == "xtrace":
+            xt = _XTrace(A, gen)
+            xt.add(min(pilot, max(1, budget() // 2)))
+            tick()
+        if chosen == "xtrace":
+            while True:
+                n_new = min(xt.m, budget() // 2)
+                # the cheap error estimate is (nearly always) below the jackknife one: only when it
+                # meets the tolerance, or the budget is spent, is the jackknife worth computing
+                value, se, est = xt.estimate(jackknife=False)
+                if n_new < 1 or (math.isfinite(se) and _met(value, se, xt.m - 1, rtol, atol, level)):
+                    value, se, est = xt.estimate()
+                    ok = math.isfinite(se) and _met(value, se, xt.m - 1, rtol, atol, level)
+                    if ok or n_new < 1:
+                        break
+                xt.add(n_new)
+                tick()
+            samples, dof = est, xt.m - 1
+        else:
+            if chosen == "hutchpp":
+                s = sketch if sketch is not None else max_matvecs // 3
+                s = max(1, min(s, (budget() - 2) // 2, A.p - 1))
+                config["sketch"] = s
+                Y = A.matmat(rademacher(A.p, s, gen, A.device))
+                Q, _ = torch.linalg.qr(Y)
+                exact_part = float((Q * A.matmat(Q)).sum())
+                hut = _Hutch(A, gen, Q)
+                tick()
+            elif hut is None:
+                hut = _Hutch(A, gen)
+            while True:
+                n = hut.samples.numel()
+                if n >= max(2, min_samples):
+                    value, se = _mean_se(hut.samples)
+                    if _met(exact_part + value, se, n - 1, rtol, atol, level):
+                        break
+                add = min(block, budget())
+                if add < 1:
+                    break
+                hut.add(add)
+                tick()
+            value, se = _mean_se(hut.samples)
+            value = exact_part + value
+            samples, dof = hut.samples, hut.samples.numel() - 1
+        converged = bool(math.isfinite(se) and _met(value, se, dof, rtol, atol, level))
+    finally:
+        if bar is not None:
+            bar.close()
+    return TraceResult(
+        config=config,
+        seconds=time.perf_counter() - t0,
+        value=value,
+        stderr=se,
+        matvecs=A.matvecs,
+        method=chosen,
+        samples=[float(x) for x in samples],
+        dof=dof,
+        converged=converged,
+        exact_part=exact_part,
+    )
+
+
+def diagonal(
+    op: Any,
+    method: str = "hutchinson",
+    samples: int = 100,
+    *,
+    seed: int | torch.Generator | None = 0,
+    block: int = 10,
+    progress: bool = False,
+) -> DiagonalResult:
+    """Estimate ``diag(A)`` with per-entry standard errors.
+
+    ``"hutchinson"``: ``diag(A) ~ (1/n) sum_k z_k * (A z_k)`` with Rademacher ``z_k`` (Bekas,
+    Kokiopoulou & Saad, Appl. Numer. Math. 57, 2007, eq. (3); with Rademacher probes the
+    normalisation ``sum_k z_k * z_k`` equals ``n``).  The standard error of entry ``j`` is the sample
+    standard deviation of ``z_kj (A z_k)_j`` over ``sqrt(n)``; its variance is
+    ``sum_{i != j} A_ji^2`` per sample.  ``"exact"``: ``p`` unit-vector matvecs, zero error.
+    """
+    if method not in ("hutchinson", "exact"):
+        raise ValueError(f"method must be 'hutchinson' or 'exact', got {method!r}")
+    if samples < 2:
+        raise ValueError(f"samples must be at least 2 (for a standard error), got {samples}")
+    t0 = time.perf_counter()
+    A = as_linop(op)
+    config = {"method": method, "samples": samples, "seed": seed_config(seed), "operator": A.config()}
+    if method == "exact":
+        _, d = _exact(A)
+        return DiagonalResult(
+            config=config,
+            seconds=time.perf_counter() - t0,
+            values=d,
+            stderr=torch.zeros_like(d),
+            matvecs=A.matvecs,
+            method="exact",
+            samples=0,
+        )
+    gen = make_generator(seed)
+    s1 = torch.zeros(A.p, dtype=torch.float64, device=A.device)
+    s2 = torch.zeros_like(s1)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=samples, desc="diagonal", unit="matvec")
+    n = 0
+    try:
+        while n < samples:
+            k = min(block, samples - n)
+            Z = rademacher(A.p, k, gen, A.device)
+            X = Z * A.matmat(Z)
+            s1 += X.sum(1)
+            s2 += (X * X).sum(1)
+            n += k
+            if bar is not None:
+                bar.update(k)
+    finally:
+        if bar is not None:
+            bar.close()
+    mean = s1 / n
+    var = torch.clamp((s2 - n * mean * mean) / (n - 1), min=0.0)
+    return DiagonalResult(
+        config=config,
+        seconds=time.perf_counter() - t0,
+        values=mean.cpu(),
+        stderr=(var / n).sqrt().cpu(),
+        matvecs=A.matvecs,
+        method="hutchinson",
+        samples=n,
+    )
