@@ -20,6 +20,7 @@ from landscape.eigen import EigenResult, eigenvalues, power_iteration  # noqa: F
 from landscape.trace import DiagonalResult, TraceResult, diagonal, trace  # noqa: F401
 
 # --- sharpness ---
+from landscape.sharpness import MEASURES, SharpnessResult, sharpness, sharpness_report  # noqa: F401
 
 # --- surfaces, directions, data, models ---
 from landscape import data, directions, models, trajectory  # noqa: F401

@@ -1,0 +1,212 @@
+"""Jiang et al. 2020 ("Fantastic generalization measures and where to find them", Sec. 7 and
+App. C.3-C.4): PAC-Bayes flatness and sharpness flatness found by bisection on the perturbation
+scale, with their magnitude-aware versions.
+
+``sigma`` is ALWAYS a standard deviation: the noise is ``u = sigma * xi`` with ``xi ~ N(0, I)``
+(magnitude-aware: ``u_i = sqrt(sigma'^2 w_i^2 + eps^2) xi_i``, the standard deviation of
+``N(0, sigma'^2 w_i^2 + eps^2)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from landscape._measures._common import Ctx, check_choice, check_positive, make_generator
+from landscape._measures.perturb import _solve
+
+
+def _criterion(ctx: Ctx, criterion: str) -> tuple[str, Callable[[torch.Tensor | None], float]]:
+    if criterion == "auto":
+        criterion = "error" if ctx.evaluate()["accuracy"] is not None else "loss"
+    check_choice("criterion", criterion, ("error", "loss"))
+    if criterion == "error":
+
+        def crit(w: torch.Tensor | None) -> float:
+            acc = ctx.evaluate(w)["accuracy"]
+            if acc is None:
+                raise ValueError("criterion='error' needs classification targets; use criterion='loss'")
+            return 1.0 - acc
+
+    else:
+
+        def crit(w: torch.Tensor | None) -> float:
+            return ctx.loss(w)
+
+    return criterion, crit
+
+
+def _bisect(
+    deviation: Callable[[float], float], target: float, steps: int, start: float, max_doublings: int = 60
+) -> tuple[float, list[tuple[float, float]]]:
+    """Largest ``s`` with ``deviation(s) <= target``: bracket by doubling/halving from ``start``, then
+    ``steps`` bisections at the geometric midpoint; returns the last feasible ``s`` (0 if even
+    ``start / 2**max_doublings`` is infeasible, inf if ``start * 2**max_doublings`` is feasible)."""
+    history: list[tuple[float, float]] = []
+
+    def dev(s: float) -> float:
+        d = deviation(s)
+        history.append((s, d))
+        return d
+
+    s = start
+    if dev(s) <= target:
+        lo = s
+        for _ in range(max_doublings):
+            s *= 2.0
+            if dev(s) > target:
+                hi = s
+                break
+            lo = s
+        else:
+            return math.inf, history
+    else:
+        hi = s
+        for _ in range(max_doublings):
+            s /= 2.0
+            if dev(s) <= target:
+                lo = s
+                break
+            hi = s
+        else:
+            return 0.0, history
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi)
+        if dev(mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo, history
+
+
+def _inv_sq(s: float) -> float:
+    return math.inf if s == 0 else 1.0 / s**2
+
+
+def pacbayes_flatness(
+    ctx: Ctx,
+    *,
+    target: float = 0.1,
+    steps: int = 15,
+    samples: int = 10,
+    epsilon: float = 1e-3,
+    criterion: str = "auto",
+    start: float = 0.01,
+    seed: int | torch.Generator | None = 0,
+) -> dict[str, Any]:
+    """PAC-Bayes flatness (Jiang et al. 2020, eqs. 47-49 / measure "pacbayes.flatness"):
+    ``sigma*`` is the largest standard deviation with ``E_{u ~ N(0, sigma^2 I)}[err(w + u)] - err(w)
+    <= target``; value ``1 / sigma*^2``. The magnitude-aware ``sigma'*`` (measure
+    "pacbayes.mag.flatness") uses ``u ~ N(0, sigma'^2 w^2 + epsilon^2)`` (elementwise variance);
+    it is in ``extra`` (``sigma_magnitude``, ``inv_sigma_magnitude_sq``).
+
+    The expectation is a mean over ``samples`` perturbations drawn as antithetic pairs
+    (``xi, -xi``), the same draws for every ``sigma`` (common random numbers keep the bisection
+    monotone). ``criterion``: ``"error"`` (0-1 error, classification), ``"loss"``, or ``"auto"``.
+    """
+    check_positive("target", target)
+    check_positive("steps", steps, integer=True)
+    check_positive("samples", samples, integer=True)
+    if samples % 2:
+        raise ValueError(f"samples must be even (antithetic pairs), got {samples}")
+    check_positive("epsilon", epsilon, allow_zero=True)
+    check_positive("start", start)
+    gen, seed_value = make_generator(seed)
+    criterion, crit = _criterion(ctx, criterion)
+    base = crit(None)
+    xis = [ctx.randn(gen) for _ in range(samples // 2)]
+    xis = xis + [-x for x in xis]
+    w_abs = ctx.w0.abs()
+
+    def deviation_plain(sigma: float) -> float:
+        return sum(crit(ctx.w0 + sigma * xi) for xi in xis) / len(xis) - base
+
+    def deviation_mag(sigma: float) -> float:
+        std = torch.sqrt(sigma**2 * w_abs**2 + epsilon**2)
+        return sum(crit(ctx.w0 + std * xi) for xi in xis) / len(xis) - base
+
+    sigma, hist = _bisect(deviation_plain, target, steps, start)
+    sigma_mag, hist_mag = _bisect(deviation_mag, target, steps, start)
+    cfg = dict(
+        target=target,
+        steps=steps,
+        samples=samples,
+        antithetic=True,
+        epsilon=epsilon,
+        criterion=criterion,
+        start=start,
+        seed=seed_value,
+    )
+    extra = dict(
+        sigma=sigma,
+        sigma_magnitude=sigma_mag,
+        inv_sigma_magnitude_sq=_inv_sq(sigma_mag),
+        base=base,
+        bisection=hist,
+        bisection_magnitude=hist_mag,
+    )
+    return {"value": _inv_sq(sigma), "stderr": None, "config": cfg, "extra": extra}
+
+
+def sharpness_flatness(
+    ctx: Ctx,
+    *,
+    target: float = 0.1,
+    steps: int = 15,
+    epsilon: float = 1e-3,
+    criterion: str = "auto",
+    solver: str = "apgd",
+    iterations: int = 10,
+    restarts: int = 1,
+    start: float = 0.01,
+    seed: int | torch.Generator | None = 0,
+) -> dict[str, Any]:
+    """Sharpness flatness (Jiang et al. 2020, eqs. 50-53 / "sharpness.flatness"): ``alpha*`` is the
+    largest ``alpha`` with ``max_{|u_i| <= alpha} err(w + u) - err(w) <= target``; value
+    ``1 / alpha*^2``. The magnitude-aware ``alpha'*`` ("sharpness.mag.flatness") uses the box
+    ``|u_i| <= alpha' |w_i| + epsilon``; it is in ``extra``. The maximisation ascends the loss
+    (``worst_case`` machinery, p = inf) and evaluates the criterion at the best point found."""
+    check_positive("target", target)
+    check_positive("steps", steps, integer=True)
+    check_positive("epsilon", epsilon, allow_zero=True)
+    check_positive("start", start)
+    gen, seed_value = make_generator(seed)
+    criterion, crit = _criterion(ctx, criterion)
+    base = crit(None)
+    w_abs = ctx.w0.abs()
+
+    def worst(c: torch.Tensor) -> float:
+        _, _, u = _solve(ctx, c, 1.0, math.inf, solver, iterations, restarts, None, 0.75, gen)
+        return crit(ctx.w0 + c * u) - base
+
+    def deviation_plain(alpha: float) -> float:
+        return worst(torch.full_like(ctx.w0, alpha))
+
+    def deviation_mag(alpha: float) -> float:
+        return worst(alpha * w_abs + epsilon)
+
+    alpha, hist = _bisect(deviation_plain, target, steps, start)
+    alpha_mag, hist_mag = _bisect(deviation_mag, target, steps, start)
+    cfg = dict(
+        target=target,
+        steps=steps,
+        epsilon=epsilon,
+        criterion=criterion,
+        solver=solver,
+        iterations=iterations,
+        restarts=restarts,
+        start=start,
+        seed=seed_value,
+    )
+    extra = dict(
+        alpha=alpha,
+        alpha_magnitude=alpha_mag,
+        inv_alpha_magnitude_sq=_inv_sq(alpha_mag),
+        base=base,
+        bisection=hist,
+        bisection_magnitude=hist_mag,
+    )
+    return {"value": _inv_sq(alpha), "stderr": None, "config": cfg, "extra": extra}
