@@ -1,0 +1,41 @@
+"""sharpscape dashboard: home page.  Run with ``streamlit run app/Home.py``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import streamlit as st  # noqa: E402
+
+from dashboard import page_header  # noqa: E402
+
+page_header(
+    "sharpscape — loss landscapes, sharpness and flat-minima optimizers",
+    "A toolkit for the questions researchers ask about flat minima: is this minimum flat, does SAM (or "
+    "Fisher-SAM, Bayesian-SAM, ...) find flatter minima, and does flatness buy generalisation and "
+    "calibration? Everything on these pages runs live on embedded data (2-D toy problems and the "
+    "scikit-learn digits); nothing is downloaded.",
+)
+
+st.markdown(
+    """
+| page | what you see | from |
+|---|---|---|
+| **Optimizer playground** | trajectories of SAM, ASAM, Fisher-SAM, bSAM, ... on 2-D problems, the perturbation neighbourhood at the current iterate, loss curves, the Hessian at the end point | Fisher-SAM (Kim et al. 2022) Fig. 2-3; SAM, ASAM |
+| **Smoothed objectives** | the loss, its Gaussian smoothing, the exact worst case in a ball and SAM's first-order objective, with a radius slider | VSAM seed (Rethinking SAM as VI), Fig. 1 |
+| **Bayesian view** | exact posterior vs Laplace vs MFVI vs bSAM on Bayesian logistic regression, predictive maps, sampled decision boundaries; two moons | bSAM (Möllenhoff & Khan 2023) Fig. 3, 5, 6 |
+| **Network landscape** | train a small network on digits with chosen optimizers, then its loss surface with the trajectory, Hessian spectrum and sharpness table, side by side | Li et al. 2018 surfaces; curvature core; sharpness measures |
+
+The same analysis from Python:
+"""
+)
+st.code(
+    """import landscape as ls
+obj = ls.Objective(model, torch.nn.CrossEntropyLoss(), (x, y))
+print(ls.eigenvalues(ls.hessian(obj), k=5).values, ls.trace(obj).ci(0.95))
+print(ls.sharpness_report(obj, measures=["lambda_max", "hessian_trace", "worst_case"]))""",
+    language="python",
+)
+st.caption("Pages are listed in the sidebar. Source, tests and benchmarks: see the README.")

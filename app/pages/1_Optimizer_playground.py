@@ -1,0 +1,99 @@
+"""Optimizer playground: trajectories of SAM-family and Bayesian optimizers on 2-D toy problems."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import streamlit as st  # noqa: E402
+
+import toy_problems as tp  # noqa: E402
+from dashboard import page_header, readable_errors  # noqa: E402
+from dashboard import toy  # noqa: E402
+
+page_header(
+    "Optimizer playground",
+    "Pick a 2-D problem and several optimizers: you see their paths on the contour and on the 3-D "
+    "surface, the neighbourhood each SAM-type method searches for its perturbation (ball, ASAM ellipse, "
+    "Fisher ellipse) with the probe it chose, the loss curves and the exact Hessian where each run ended. "
+    "The default problem is the Gaussian KL-mixture of the Fisher-SAM paper (Kim et al. 2022, Fig. 2-3).",
+)
+
+
+@st.cache_data(show_spinner="running the optimizers ...", max_entries=64)
+def cached_run(problem: str, start: tuple[float, float], steps: int, configs: tuple) -> list:
+    return toy.run(problem, start, steps, [(n, dict(h)) for n, h in configs])
+
+
+with st.sidebar:
+    problems = tp.names()
+    problem = st.selectbox("problem", problems, index=problems.index("gaussian_mixture"))
+    prob = tp.get(problem)
+    settings = toy.problem_settings(problem)
+    (x0, x1), (y0, y1) = prob.bounds
+    c1, c2 = st.columns(2)
+    sx = c1.number_input(
+        prob.axis_labels[0] + " start", value=float(settings["start"][0]), key=f"sx_{problem}"
+    )
+    sy = c2.number_input(
+        prob.axis_labels[1] + " start", value=float(settings["start"][1]), key=f"sy_{problem}"
+    )
+    steps = st.slider("steps", 1, 1000, int(settings["steps"]), key=f"steps_{problem}")
+    chosen = st.multiselect(
+        "optimizers", list(toy.OPTIMIZERS), default=["GD", "SAM", "FisherSAM"], key="optimizers"
+    )
+    configs = []
+    for name in chosen:
+        with st.expander(f"{name} hyperparameters", expanded=False):
+            defaults = toy.hyper_defaults(name, problem)
+            values = {}
+            for h in toy.OPTIMIZERS[name].hypers:
+                values[h.name] = st.number_input(
+                    f"{name}: {h.name}",
+                    value=float(defaults[h.name]),
+                    min_value=float(h.low),
+                    max_value=float(h.high),
+                    format="%g",
+                    help=h.help,
+                    key=f"{problem}_{name}_{h.name}",
+                )
+        configs.append((name, tuple(sorted(values.items()))))
+    log_scale = st.checkbox("log-scale loss", value=problem != "gaussian_mixture")
+
+if not chosen:
+    st.info("Choose at least one optimizer in the sidebar.")
+    st.stop()
+
+with readable_errors("run the optimizers"):
+    runs = cached_run(problem, (float(sx), float(sy)), int(steps), tuple(configs))
+    for r in runs:
+        if r.trajectory.diverged:
+            st.warning(f"{r.label}: {r.trajectory.message}. Lower its learning rate or radius.")
+    max_step = max(len(r.trajectory.perturbations) for r in runs)
+    step = (
+        st.slider("show the neighbourhood and probe at step", 0, max(max_step - 1, 0), 0)
+        if max_step > 1
+        else 0
+    )
+    left, right = st.columns(2)
+    left.plotly_chart(toy.contour_figure(prob, runs, log=log_scale, neighbourhood_step=step), key="contour")
+    right.plotly_chart(toy.surface_figure(prob, runs, log=log_scale), key="surface")
+    left.plotly_chart(toy.loss_curves_figure(runs), key="losses")
+    rows = []
+    for r in runs:
+        end = r.trajectory.path[-1].tolist()
+        info = toy.hessian_summary(prob, end) if bool(prob.in_domain(r.trajectory.path[-1])) else None
+        rows.append(
+            {
+                "optimizer": r.label,
+                "end point": f"({end[0]:.3f}, {end[1]:.3f})",
+                "final loss": float(r.trajectory.losses[-1]),
+                "steps": r.trajectory.steps,
+                "Hessian eigenvalues": ", ".join(f"{v:.3g}" for v in info["eigenvalues"]) if info else "n/a",
+                "Hessian trace": info["trace"] if info else float("nan"),
+            }
+        )
+    right.markdown("**Where each run ended** (exact Hessian by autograd)")
+    right.dataframe(rows, hide_index=True)
