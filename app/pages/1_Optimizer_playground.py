@@ -8,10 +8,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import streamlit as st  # noqa: E402
+from dashboard import (  # noqa: E402
+    page_header,
+    readable_errors,
+    toy,  # noqa: E402
+)
 
 import toy_problems as tp  # noqa: E402
-from dashboard import page_header, readable_errors  # noqa: E402
-from dashboard import toy  # noqa: E402
 
 page_header(
     "Optimizer playground",
