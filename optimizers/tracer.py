@@ -30,16 +30,17 @@ Default constants (the paper gives none; justification):
   smooth estimate of the diagonal empirical Fisher over a fraction of an epoch, like Adam's
   second-moment EMA (whose weight is ``1 - beta2 = 0.001``) but quicker to follow the start of
   training, where ``f_bar`` would otherwise stay at the (large) first-step value for long.
-* ``delta = 1e-4``: Tikhonov damping of ``f_bar``.  The bias of the direction is bounded by
-  ``||2 rho H v|| <= 2 (rho / delta) ||H|| ||g||`` (seed, eq. 68), so ``delta`` must not be tiny
-  relative to ``rho``; ``1e-4`` sits below typical per-coordinate ``g^2`` of the *important*
-  coordinates of a classification network early in training (``1e-4 .. 1e-2``), where the
-  ratio ``g^2/(f_bar+delta)`` is then close to the affine-invariant ``g^2 / f_bar``, and damps
-  coordinates with negligible gradients.
-* ``rho = 1e-3``: with ``g^2 / (f_bar + delta) <= ~1`` per coordinate the penalty is at most
-  ``rho`` times the number of active coordinates, and ``rho / delta = 10`` keeps the penalty's
-  gradient of the same order as ``g`` (checked on the digits demo: ``||2 rho H v|| / ||g||`` is
-  O(0.1-1) and training is stable for SGD lr 0.1 and Adam lr 1e-3).
+* ``delta = 1e-2`` and ``rho = 1e-3``: ``H v`` is a directional derivative of the gradient, so
+  ``g + 2 rho H v ~ grad L(w + 2 rho v)``: TRACER is a SAM-like step with the unnormalised
+  perturbation ``2 rho g / (f_bar + delta)`` (compare bSAM's ``rho g / s``).  Coordinates with
+  ``f_bar >> delta`` see the affine-invariant ratio ``g^2 / f_bar``; ``delta`` damps the others, and
+  the bias of the direction is bounded by ``||2 rho H v|| <= 2 (rho / delta) ||H|| ||g||`` (seed,
+  eq. 68), so ``rho / delta`` is the knob.  ``rho / delta = 0.1`` keeps the correction a fraction
+  of the gradient: measured on the digits demo (64-64-10 MLP, 10 epochs, SGD lr 0.1 momentum 0.9)
+  ``||2 rho H v|| / ||g||`` has median 0.25 and maximum 0.70 (Adam-TRACER lr 3e-3: 0.21 / 0.42),
+  test accuracy 0.972.  ``rho / delta = 1`` (``1e-3 / 1e-3``, ``1e-2 / 1e-2``) gave
+  corrections larger than the gradient (median 1.6-1.8, max 4.5) and lower accuracy (0.956-0.965);
+  ``rho / delta = 10`` (``1e-3 / 1e-4``) diverged.
 
 ``self.last``: ``loss``, ``penalty`` (``T(w)``), ``grad_norm`` (``||g||``), ``hv_norm``
 (``||H v||``), ``correction_norm`` (``||2 rho H v||``), ``fbar_min/mean/max``, ``hvp``, ``fd_h``.
@@ -70,7 +71,7 @@ class TracerBase(torch.optim.Optimizer):
         lr: float,
         rho: float = 1e-3,
         beta: float = 0.01,
-        delta: float = 1e-4,
+        delta: float = 1e-2,
         hvp: str = "exact",
         fd_step: float | None = None,
         model: nn.Module | None = None,
@@ -221,7 +222,7 @@ class TracerBase(torch.optim.Optimizer):
 class SGDTracer(TracerBase):
     """SGD-TRACER (seed ``g_tracer.txt``, Alg. 1): the TRACER direction fed to ``torch.optim.SGD``.
 
-    ``SGDTracer(params, lr, rho=1e-3, beta=0.01, delta=1e-4, hvp="exact", fd_step=None,
+    ``SGDTracer(params, lr, rho=1e-3, beta=0.01, delta=1e-2, hvp="exact", fd_step=None,
     momentum=0, dampening=0, weight_decay=0, nesterov=False, model=None)``.  Weight decay is
     applied by SGD, outside the penalty.  ``model`` (optional) lets the finite-difference pass
     leave BatchNorm running statistics untouched.  See the module docstring for the rule and the
@@ -234,7 +235,7 @@ class SGDTracer(TracerBase):
         lr: float,
         rho: float = 1e-3,
         beta: float = 0.01,
-        delta: float = 1e-4,
+        delta: float = 1e-2,
         hvp: str = "exact",
         fd_step: float | None = None,
         model: nn.Module | None = None,
@@ -246,7 +247,7 @@ class SGDTracer(TracerBase):
 class AdamTracer(TracerBase):
     """Adam-TRACER (seed ``g_tracer.txt``, Sec. 3): the TRACER direction fed to ``torch.optim.Adam``.
 
-    ``AdamTracer(params, lr=1e-3, rho=1e-3, beta=0.01, delta=1e-4, hvp="exact", fd_step=None,
+    ``AdamTracer(params, lr=1e-3, rho=1e-3, beta=0.01, delta=1e-2, hvp="exact", fd_step=None,
     betas=(0.9, 0.999), eps=1e-8, weight_decay=0, model=None)``.
     """
 
@@ -256,7 +257,7 @@ class AdamTracer(TracerBase):
         lr: float = 1e-3,
         rho: float = 1e-3,
         beta: float = 0.01,
-        delta: float = 1e-4,
+        delta: float = 1e-2,
         hvp: str = "exact",
         fd_step: float | None = None,
         model: nn.Module | None = None,
