@@ -399,6 +399,7 @@ class _Evaluator:
     """Evaluates points ``c`` (tuples of coordinates) -> ``(loss, correct or None)``."""
 
     name = "loop"
+    want_accuracy = True
 
     def __init__(self, obj, dirs, bn_policy: str):
         from landscape.objective import _as_args, _num_correct
@@ -456,7 +457,7 @@ class _Evaluator:
                 self._recompute_bn(p, b)
             total = torch.zeros((), dtype=obj.dtype, device=obj.device)
             correct = torch.zeros((), dtype=torch.float64, device=obj.device)
-            classify = True
+            classify = self.want_accuracy
             for x, y, w in self.batches:
                 o = functional_call(self.model, (p, b), self._as_args(x))
                 total = total + w * obj.loss_fn(o, y)
@@ -546,7 +547,7 @@ class _LinearFirstEvaluator(_Evaluator):
                 b[self.rename(n)] = t
             total = torch.zeros((), dtype=obj.dtype, device=obj.device)
             correct = torch.zeros((), dtype=torch.float64, device=obj.device)
-            classify = True
+            classify = self.want_accuracy
             for a0, ps, y, w in self.pre:
                 a = a0
                 for ci, pi in zip(c, ps):
@@ -593,7 +594,7 @@ class _VmapEvaluator(_Evaluator):
         vf = torch.func.vmap(f, in_dims=(0, None, None))
         total = torch.zeros(nb, dtype=obj.dtype, device=obj.device)
         correct = torch.zeros(nb, dtype=torch.float64, device=obj.device)
-        classify = True
+        classify = self.want_accuracy
         for x, y, w in self.batches:
             lk, o = vf(stacked, x, y)
             total = total + w * lk
@@ -835,6 +836,7 @@ def surface(
         for _, m in _bn_modules(obj.model):
             m.training = bn_policy == "train"
         ev = cls(obj, dirs, bn_policy)
+        ev.want_accuracy = "accuracy" in metrics
         step = batch_points
         for start in range(0, len(mine), step):
             chunk = mine[start : start + step]
