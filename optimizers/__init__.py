@@ -16,5 +16,6 @@ from .vsam import VariationalSAM  # noqa: E402,F401
 # isort: split
 from ._posterior import DiagonalGaussianPosterior, bayesian_model_average  # noqa: E402,F401
 from .bsam import BayesianSAM  # noqa: E402,F401
+from .flat_bayes import SWAG, FlatSGLD, f_swag  # noqa: E402,F401
 from .mfvi import MFVI  # noqa: E402,F401
 from .tracer import AdamTracer, SGDTracer  # noqa: E402,F401

@@ -375,3 +375,27 @@ def test_bayesian_model_average_sigmoid_for_one_logit():
     torch.testing.assert_close(probs, acc / 3, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="samples"):
         opt.bayesian_model_average(model, x, samples=0)
+
+
+@pytest.mark.parametrize("which", ["mfvi", "bsam"])
+def test_state_dict_roundtrip_continues_identically(which):
+    import copy
+
+    def build(model):
+        if which == "mfvi":
+            return MFVI(model.parameters(), lr=0.05, num_data=30, init_std=0.05, seed=4)
+        return BayesianSAM(model.parameters(), lr=0.05, num_data=30, seed=4)
+
+    model, x, y = _setup("mlp")
+    opt = build(model)
+    opt.step(_closure(opt, model, x, y))
+    model2 = copy.deepcopy(model)
+    opt2 = build(model2)
+    opt2.load_state_dict(copy.deepcopy(opt.state_dict()))  # torch shares state tensors otherwise
+    for _ in range(2):
+        opt.step(_closure(opt, model, x, y))
+        opt2.step(_closure(opt2, model2, x, y))
+    assert torch.equal(flatten_params(model), flatten_params(model2))
+    s1 = torch.cat([v.reshape(-1) for v in opt.posterior_std().values()])
+    s2 = torch.cat([v.reshape(-1) for v in opt2.posterior_std().values()])
+    assert torch.equal(s1, s2)
