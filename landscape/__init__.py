@@ -12,7 +12,15 @@ Public API (each section is filled by the module that owns it)::
 from landscape.results import Result, load_result  # noqa: F401
 
 # --- objective / operators (curvature core) ---
+from landscape.hvp import hvp  # noqa: F401
 from landscape.objective import Objective  # noqa: F401
+from landscape.operators import (  # noqa: F401
+    CurvatureOperator,
+    empirical_fisher,
+    fisher,
+    ggn,
+    hessian,
+)
 
 # --- eigenvalues / trace / density (curvature core) ---
 from landscape.density import DensityResult, spectral_density  # noqa: F401

@@ -139,6 +139,9 @@ class Objective:
         self._check_determinism = check_determinism
 
         named = list(model.named_parameters())
+        # the module tree is fixed from here on (used by the mode switch and the guard)
+        self._modules = list(model.modules())
+        self._all_param_objs = [p for _, p in named]
         if not named:
             raise ValueError("the model has no parameters")
         model_devices = {p.device for _, p in named}
@@ -510,49 +513,68 @@ class Objective:
     @contextlib.contextmanager
     def _evaluating(self) -> Iterator[None]:
         """Put every module in the objective's mode; restore each module's own flag afterwards."""
-        flags = [(m, m.training) for m in self.model.modules()]
         want = self.mode == "train"
+        changed = [m for m in self._modules if m.training != want]
         try:
-            for m, _ in flags:
+            for m in changed:
                 m.training = want
             yield
         finally:
-            for m, f in flags:
-                m.training = f
+            for m in changed:
+                m.training = not want
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
         """Snapshot parameters, buffers, ``.grad``, ``requires_grad`` and modes; restore bit-exactly.
 
         Restores also when the body raises; the model is additionally put into the objective's
-        mode for the duration of the block.
+        mode for the duration of the block.  A tensor is written back only if it was modified
+        (its version counter, storage or dtype changed), so the guard costs one copy of the model.
         """
+
+        def sig(t: torch.Tensor) -> tuple:
+            return (t._version, t.data_ptr(), t.dtype, t.shape)
+
         model = self.model
         with torch.no_grad():
-            params = [(p, p.detach().clone(), p.grad, p.requires_grad) for p in model.parameters()]
-            grads = [None if g is None else g.detach().clone() for _, _, g, _ in params]
-            buffers = [(b, b.detach().clone()) for b in model.buffers()]
-            flags = [(m, m.training) for m in model.modules()]
+            params = []
+            for p in self._all_param_objs:
+                g = p.grad
+                saved_g = None if g is None else (g, g.detach().clone(), sig(g))
+                params.append((p, p.detach().clone(), sig(p), p.requires_grad, saved_g))
+            buffers = [(b, b.detach().clone(), sig(b)) for b in model.buffers()]
+            flags = [(m, m.training) for m in self._modules]
         try:
             with self._evaluating():
                 yield
         finally:
             with torch.no_grad():
-                for (p, saved, g_obj, rg), g_saved in zip(params, grads):
+                for p, saved, s, rg, saved_g in params:
                     if p.requires_grad != rg:
                         p.requires_grad_(rg)
-                    if not torch.equal(p.detach(), saved) or p.detach().dtype != saved.dtype:
-                        p.copy_(saved)
-                    if g_obj is None:
-                        p.grad = None
+                    _restore(p, saved, s, sig)
+                    if saved_g is None:
+                        if p.grad is not None:
+                            p.grad = None
                     else:
+                        g_obj, g_saved, gs = saved_g
                         if p.grad is not g_obj:
                             p.grad = g_obj
-                        p.grad.copy_(g_saved)
-                for b, saved in buffers:
-                    b.copy_(saved)
+                        _restore(g_obj, g_saved, gs, sig)
+                for b, saved, s in buffers:
+                    _restore(b, saved, s, sig)
                 for m, f in flags:
-                    m.training = f
+                    if m.training != f:
+                        m.training = f
+
+
+def _restore(t: torch.Tensor, saved: torch.Tensor, s: tuple, sig: Callable) -> None:
+    if sig(t) == s:
+        return
+    if t.dtype != saved.dtype or t.shape != saved.shape or t.data_ptr() != s[1]:
+        t.data = saved
+    else:
+        t.copy_(saved)
 
 
 def _num_correct(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
