@@ -6,6 +6,7 @@ is the published Alg. 1 as written in ``specs/optimizers.md`` and as the officia
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -178,6 +179,17 @@ class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
                 "BayesianSAM.step needs a closure that zeroes grads, runs forward and backward and returns "
                 "the loss (with m > 1: closure(chunk) computing the loss of sub-batch `chunk`)"
             )
+        if self.m > 1:
+            try:
+                inspect.signature(closure).bind(0)
+            except TypeError:
+                raise TypeError(
+                    f"with m={self.m} the closure must accept a sub-batch index, e.g. "
+                    "`def closure(chunk=None)`, and compute the loss on sub-batch `chunk` "
+                    "(see optimizers._perturb.make_closure)"
+                ) from None
+            except ValueError:  # signature not introspectable: trust the caller
+                pass
         pairs = self._params()
         params = [p for _, p in pairs]
         s_list = [self._s(p) for p in params]

@@ -225,6 +225,8 @@ def test_bsam_m_sharpness_matches_hand_computation():
         w, gm, s = _bsam_hand(Ls, w, gm, s, order="paper", **hp)
         opt.step(closure)
     torch.testing.assert_close(flatten_params(model), w, rtol=1e-12, atol=1e-12)
+    with pytest.raises(TypeError, match="chunk"):
+        opt.step(_closure(opt, model, x, y))  # m=3 needs closure(chunk)
 
 
 def test_bsam_noise_has_standard_deviation_sqrt_inverse_N_s():
