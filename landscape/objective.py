@@ -426,8 +426,14 @@ class Objective:
                     classify = False
                 else:
                     correct = correct + c
+            # always the same collectives on every rank (see landscape.distributed)
             total = self._all_reduce(total)
-            acc = float(self._all_reduce(correct)) / self.num_examples if classify else None
+            stats = self._all_reduce(
+                torch.stack(
+                    [correct, torch.tensor(0.0 if classify else 1.0, device=self.device, dtype=torch.float64)]
+                )
+            )
+            acc = float(stats[0]) / self.num_examples if float(stats[1]) == 0.0 else None
             return {"loss": float(total), "accuracy": acc}
 
     def check_determinism(self, rtol: float = 1e-6) -> bool:
