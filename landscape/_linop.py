@@ -213,7 +213,7 @@ def make_generator(seed: int | torch.Generator | None) -> torch.Generator:
 
 def rademacher(p: int, k: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     """``[p, k]`` float64 Rademacher (+-1) probes drawn on the CPU from ``gen``."""
-    z = torch.randint(0, 2, (p, k), generator=gen, dtype=torch.int8)
+    z = torch.randint(0, 2, (k, p), generator=gen, dtype=torch.int8).T  # probe j: draws j*p..(j+1)*p-1
     return (2.0 * z.to(torch.float64) - 1.0).to(device)
 
 
