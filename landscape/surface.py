@@ -414,7 +414,13 @@ class _Evaluator:
         self.buffers = obj.buffers()
         self.pnames = [n for n in self.params if any(n in d for d in dirs)]
         self.bnames = [n for n in self.buffers if any(n in d for d in dirs)]
-        self.batches = list(obj.batches())
+        # data held in memory (a batch or a list of batches) is converted once and reused; a
+        # DataLoader is re-iterated at every point (memory stays flat for large data sets)
+        self._cached = list(obj.batches()) if isinstance(getattr(obj, "_data", None), (list, tuple)) else None
+
+    @property
+    def batches(self):
+        return self._cached if self._cached is not None else self.obj.batches()
 
     def _state(self, c):
         p = dict(self.params)
@@ -782,8 +788,11 @@ def surface(
         for key in ("directions_hash", "model_hash", "bn_policy"):
             if old.config.get(key) != config[key]:
                 problems.append(key)
-        if old.config.get("objective", {}).get("num_examples") != obj.num_examples:
-            problems.append("data size")
+        old_obj, new_obj = old.config.get("objective", {}), config["objective"]
+        for key, what in (("num_examples", "data size"), ("loss", "loss"), ("reduction", "reduction"),
+                          ("dtype", "dtype"), ("mode", "mode")):  # fmt: skip
+            if old_obj.get(key) != new_obj.get(key):
+                problems.append(what)
         missing_metrics = [m for m in metrics if m not in old.values]
         if missing_metrics:
             problems.append(f"metrics {missing_metrics}")
@@ -832,41 +841,48 @@ def surface(
         )
 
     last_ckpt = time.perf_counter()
-    with obj.guard(), torch.no_grad():
-        for _, m in _bn_modules(obj.model):
-            m.training = bn_policy == "train"
-        ev = cls(obj, dirs, bn_policy)
-        ev.want_accuracy = "accuracy" in metrics
-        step = batch_points
-        for start in range(0, len(mine), step):
-            chunk = mine[start : start + step]
-            pts = [tuple(float(cs[a][ix[a]]) for a in range(len(cs))) for ix in chunk]
-            res = ev.evaluate(pts)
-            evaluations += len(pts)
-            for ix, (lv, av) in zip(chunk, res):
-                new_vals["loss"][ix] = lv
-                if "accuracy" in metrics:
-                    if av is None:
-                        accuracy_ok = False
-                    else:
-                        new_vals["accuracy"][ix] = av
-                new_mask[ix] = True
-                if not dist_on:
-                    mask[ix] = True
-                    for mm in metrics:
-                        values[mm][ix] = new_vals[mm][ix]
-            if bar is not None:
-                bar.update(len(pts))
-            if (
-                resume is not None
-                and not dist_on
-                and time.perf_counter() - last_ckpt >= checkpoint_every
-                and start + step < len(mine)
-            ):
-                snapshot(True).save(resume)
-                last_ckpt = time.perf_counter()
-    if bar is not None:
-        bar.close()
+    try:
+        with obj.guard(), torch.no_grad():
+            for _, m in _bn_modules(obj.model):
+                m.training = bn_policy == "train"
+            ev = cls(obj, dirs, bn_policy)
+            ev.want_accuracy = "accuracy" in metrics
+            step = batch_points
+            for start in range(0, len(mine), step):
+                chunk = mine[start : start + step]
+                pts = [tuple(float(cs[a][ix[a]]) for a in range(len(cs))) for ix in chunk]
+                res = ev.evaluate(pts)
+                evaluations += len(pts)
+                for ix, (lv, av) in zip(chunk, res):
+                    new_vals["loss"][ix] = lv
+                    if "accuracy" in metrics:
+                        if av is None:
+                            accuracy_ok = False
+                        else:
+                            new_vals["accuracy"][ix] = av
+                    new_mask[ix] = True
+                    if not dist_on:
+                        mask[ix] = True
+                        for mm in metrics:
+                            values[mm][ix] = new_vals[mm][ix]
+                if bar is not None:
+                    bar.update(len(pts))
+                if (
+                    resume is not None
+                    and not dist_on
+                    and time.perf_counter() - last_ckpt >= checkpoint_every
+                    and start + step < len(mine)
+                ):
+                    snapshot(True).save(resume)
+                    last_ckpt = time.perf_counter()
+    except BaseException:
+        # keep what is done: an interrupted run resumes from here
+        if resume is not None and not dist_on and evaluations > 0:
+            snapshot(True).save(resume)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
 
     if dist_on:
         import torch.distributed as dist
@@ -886,12 +902,11 @@ def surface(
         dist.all_reduce(ev_t)
         evaluations = int(ev_t.item())
     if "accuracy" in metrics and not accuracy_ok:
-        if "accuracy" in metrics:
-            warnings.warn(
-                "accuracy is not defined for these targets (not class labels or 0/1); dropped",
-                UserWarning,
-                stacklevel=2,
-            )
+        warnings.warn(
+            "accuracy is not defined for these targets (not class labels or 0/1); dropped",
+            UserWarning,
+            stacklevel=2,
+        )
     config["world_size"] = world
     result = snapshot(False)
     if "accuracy" in result.values and not accuracy_ok:

@@ -296,3 +296,55 @@ def test_cli_torchrun_two_gloo_processes(tmp_path):
     ref = surface(obj, dirs, [np.linspace(-1, 1, 5), np.linspace(-1, 1, 4)])
     np.testing.assert_allclose(s.loss, ref.loss, rtol=1e-12)
     np.testing.assert_allclose(s.accuracy, ref.accuracy, rtol=1e-12)
+
+
+def test_dataloader_data_gives_same_values(mlp_setup):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    _, batches, obj, d1, d2 = mlp_setup
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    obj_dl = Objective(obj.model, CE, DataLoader(TensorDataset(x, y), batch_size=25, shuffle=False))
+    xs = np.linspace(-1, 1, 3)
+    for strategy in ("loop", "linear_first_layer"):
+        a = surface(obj_dl, [d1, d2], [xs, xs], strategy=strategy)
+        b = surface(obj, [d1, d2], [xs, xs], strategy=strategy)
+        np.testing.assert_allclose(a.loss, b.loss, rtol=1e-12)
+        np.testing.assert_array_equal(a.accuracy, b.accuracy)
+
+
+def test_interrupted_run_checkpoints_and_resumes(mlp_setup, tmp_path):
+    _, batches, _, d1, d2 = mlp_setup
+    state = {"calls": 0, "fail_after": 3 * 4 * 3 + 1}  # 3 batches per point: fails in point 14
+
+    def flaky_ce(out, tgt):
+        state["calls"] += 1
+        if state["fail_after"] is not None and state["calls"] > state["fail_after"]:
+            raise KeyboardInterrupt
+        return CE(out, tgt)
+
+    obj = Objective(mlp_setup[0], flaky_ce, batches)
+    xs, ys = np.linspace(-1, 1, 5), np.linspace(-1, 1, 4)
+    path = tmp_path / "run.npz"
+    with pytest.raises(KeyboardInterrupt):
+        surface(obj, [d1, d2], [xs, ys], strategy="loop", resume=path, checkpoint_every=0.0, batch_points=4)
+    part = load_surface(path)
+    assert part.mask.sum() == 12 and not part.complete  # three chunks of 4 points were saved
+    assert np.isnan(part.loss[~part.mask]).all()
+    state["fail_after"] = None
+    done = surface(obj, [d1, d2], [xs, ys], strategy="loop", resume=path)
+    assert done.evaluations == 8
+    ref = surface(obj, [d1, d2], [xs, ys], strategy="loop")
+    np.testing.assert_array_equal(done.loss, ref.loss)
+    np.testing.assert_array_equal(load_surface(path).loss, ref.loss)
+
+
+@pytest.mark.gpu
+def test_vmap_on_cuda_matches_cpu(mlp_setup):
+    model, batches, obj, d1, d2 = mlp_setup
+    cuda = Objective(model, CE, batches, device="cuda")
+    xs = np.linspace(-1, 1, 7)
+    a = surface(cuda, [d1, d2], [xs, xs])
+    assert a.strategy == "vmap"
+    b = surface(obj, [d1, d2], [xs, xs], strategy="loop")
+    np.testing.assert_allclose(a.loss, b.loss, rtol=1e-10)
