@@ -1,0 +1,156 @@
+"""Network landscape: train a digits MLP with several optimizers and compare their landscapes."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import streamlit as st  # noqa: E402
+from dashboard import network as nw  # noqa: E402
+from dashboard import page_header, readable_errors  # noqa: E402
+
+import landscape as ls  # noqa: E402
+
+page_header(
+    "Network landscape",
+    "Train the same small network (MLP 64-h-10 on the scikit-learn digits, one initialisation) with "
+    "several optimizers, then compare the loss surface around each solution with its training "
+    "trajectory (PCA plane, Li et al. 2018), the Hessian spectrum (Lanczos + stochastic Lanczos "
+    "quadrature) and the sharpness measures: does SAM find a flatter minimum here, and does it pay off?",
+)
+
+with st.sidebar:
+    chosen = st.multiselect("optimizers", list(nw.NETWORK_OPTIMIZERS), default=["SGD", "SAM"])
+    epochs = st.slider("epochs", 1, 50, 8)
+    hidden = st.select_slider("hidden units", [16, 32, 64], value=32)
+    hypers = {}
+    for name in chosen:
+        _, lr0, rho0 = nw.NETWORK_OPTIMIZERS[name]
+        with st.expander(f"{name} hyperparameters"):
+            lr = st.number_input(f"{name}: lr", value=float(lr0), min_value=1e-5, max_value=10.0, format="%g")
+            rho = st.number_input(
+                f"{name}: rho",
+                value=float(rho0),
+                min_value=0.0,
+                max_value=5.0,
+                format="%g",
+                disabled=rho0 == 0.0,
+            )
+        hypers[name] = (float(lr), float(rho))
+    resolution = st.select_slider("surface resolution", [11, 15, 21, 31], value=15)
+    plane = st.radio(
+        "surface plane",
+        ["pca", "random"],
+        horizontal=True,
+        help="pca: the plane of the trajectory's principal directions; random: filter-normalised",
+    )
+    analyses = st.multiselect("analyses", ["surface", "spectrum", "sharpness"], default=["surface"])
+
+
+def trained(name: str, lr: float, rho: float, epochs: int, hidden: int) -> nw.TrainedRun:
+    """Train once per session and configuration; a progress bar shows while it runs.
+
+    An interrupted run (the user changes a widget mid-training) stores nothing, so the page never
+    sees a half-trained model."""
+    store = st.session_state.setdefault("trained_runs", {})
+    key = (name, lr, rho, epochs, hidden)
+    if key not in store:
+        bar = st.progress(0.0, text=f"training {name} ...")
+        store[key] = nw.train_network(
+            name,
+            lr=lr,
+            rho=rho,
+            epochs=epochs,
+            hidden=hidden,
+            on_step=lambda f: bar.progress(min(f, 1.0), text=f"training {name}: {100 * f:.0f}%"),
+        )
+        bar.empty()
+    return store[key]
+
+
+@st.cache_resource(show_spinner="computing the loss surface ...", max_entries=32)
+def cached_surface(_run: nw.TrainedRun, key: tuple, kind: str, resolution: int):
+    return nw.surface_of(_run, kind=kind, resolution=resolution)
+
+
+@st.cache_resource(show_spinner="Lanczos and SLQ on the Hessian ...", max_entries=32)
+def cached_spectrum(_run: nw.TrainedRun, key: tuple):
+    return nw.spectrum_of(_run)
+
+
+@st.cache_resource(show_spinner="measuring sharpness ...", max_entries=32)
+def cached_sharpness(_run: nw.TrainedRun, key: tuple):
+    return nw.sharpness_rows({_run.name: _run})
+
+
+if not chosen:
+    st.info("Choose at least one optimizer in the sidebar.")
+else:
+    runs = {}
+    with readable_errors("train the networks"):
+        for name in chosen:
+            runs[name] = trained(name, *hypers[name], epochs, hidden)
+    if runs:
+        st.subheader("Test metrics")
+        st.dataframe(
+            [{"optimizer": n, **{k: round(v, 4) for k, v in r.test.items()}} for n, r in runs.items()],
+            hide_index=True,
+        )
+        st.plotly_chart(nw.training_figure(runs), key="training")
+        keys = {n: (n, *hypers[n], epochs, hidden) for n in runs}
+        if "surface" in analyses:
+            st.subheader("Loss surface around each solution")
+            cols = st.columns(len(runs))
+            for col, (name, run) in zip(cols, runs.items()):
+                with col, readable_errors(f"compute the surface for {name}"):
+                    s, path = cached_surface(run, keys[name], plane, resolution)
+                    st.plotly_chart(
+                        nw.surface_figure(s, path, f"{name}: log10 loss ({plane} plane)"),
+                        key=f"surface_{name}",
+                    )
+                    st.caption(
+                        f"centre loss {float(s.loss[np.argmin(np.abs(s.xs)), np.argmin(np.abs(s.ys))]):.4g}; "
+                        f"{s.evaluations} evaluations in {s.seconds:.1f} s ({s.strategy})"
+                    )
+        if "spectrum" in analyses:
+            st.subheader("Hessian spectrum")
+            with readable_errors("compute the Hessian spectrum"):
+                spectra = {n: cached_spectrum(r, keys[n]) for n, r in runs.items()}
+                st.plotly_chart(nw.spectrum_figure(spectra), key="spectrum")
+                st.dataframe(
+                    [
+                        {
+                            "optimizer": n,
+                            "top eigenvalues": ", ".join(f"{v:.4g}" for v in sp["eigenvalues"]),
+                            "all converged": all(sp["converged"]),
+                            "trace (SLQ)": f"{sp['trace']:.4g} ± {sp['trace_stderr']:.2g}",
+                        }
+                        for n, sp in spectra.items()
+                    ],
+                    hide_index=True,
+                )
+        if "sharpness" in analyses:
+            st.subheader("Sharpness measures (training data)")
+            with readable_errors("measure sharpness"):
+                rows = [row for n, r in runs.items() for row in cached_sharpness(r, keys[n])]
+                st.dataframe(rows, hide_index=True)
+
+st.subheader("Open a saved surface file")
+upload = st.file_uploader(
+    "a surface written by Surface.save / python -m landscape surface (.npz)", type=["npz"]
+)
+if upload is not None:
+    with readable_errors("open the surface file"):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "surface.npz"
+            path.write_bytes(upload.getvalue())
+            s = ls.load_surface(path)
+        if s.ndim == 2:
+            st.plotly_chart(s.to_plotly(), key="uploaded")
+        else:
+            st.line_chart({"loss": np.asarray(s.loss)})
+        st.json(s.config)
