@@ -1,0 +1,186 @@
+"""The dashboard: every page under streamlit's AppTest (defaults and changed widgets), with the
+figures' traces asserted from the Plotly JSON, and the page logic against independent numbers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+APP = Path(__file__).resolve().parents[1] / "app"
+sys.path.insert(0, str(APP))
+
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+import toy_problems as tp  # noqa: E402
+from dashboard import toy  # noqa: E402
+
+
+def _charts(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def _arr(v) -> np.ndarray:
+    """A Plotly JSON array: a plain list, or numpy's typed-array encoding {"dtype", "bdata"}."""
+    if isinstance(v, dict) and "bdata" in v:
+        arr = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        return arr.reshape(v["shape"]) if "shape" in v else arr
+    return np.asarray(v, dtype=float)
+
+
+def _types(spec: dict) -> list[str]:
+    return [d.get("type", "scatter") for d in spec["data"]]
+
+
+def _names(spec: dict) -> list[str]:
+    return [d.get("name") for d in spec["data"]]
+
+
+def _run(page: str, timeout: float = 240) -> AppTest:
+    at = AppTest.from_file(str(APP / page), default_timeout=timeout).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _no_errors(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+# ------------------------------------------------------------------------------------ pages
+
+
+def test_home_page():
+    at = _run("Home.py")
+    _no_errors(at)
+    assert "sharpscape" in at.title[0].value
+    assert any("Optimizer playground" in m.value for m in at.markdown)
+
+
+def test_playground_defaults_and_changed_widgets():
+    at = _run("pages/1_Optimizer_playground.py")
+    _no_errors(at)
+    charts = _charts(at)
+    contour = next(c for c in charts if "contour" in _types(c))
+    names = _names(contour)
+    for opt in ("GD", "SAM", "FisherSAM"):
+        assert opt in names
+    assert "SAM neighbourhood" in names and "FisherSAM neighbourhood" in names
+    assert any("surface" in _types(c) for c in charts)
+    # the contour's paths are the trajectories the logic computes (same start, steps, settings)
+    settings = toy.problem_settings("gaussian_mixture")
+    runs = toy.run(
+        "gaussian_mixture",
+        settings["start"],
+        settings["steps"],
+        [("SAM", toy.hyper_defaults("SAM", "gaussian_mixture"))],
+    )
+    sam_trace = next(d for d in contour["data"] if d.get("name") == "SAM")
+    np.testing.assert_allclose(_arr(sam_trace["x"])[-1], float(runs[0].trajectory.path[-1, 0]), rtol=1e-9)
+    # change widgets: another problem, fewer steps, one optimizer
+    at.sidebar.selectbox[0].select("himmelblau").run()
+    at.multiselect(key="optimizers").set_value(["GD", "SAM"]).run()
+    _no_errors(at)
+    contour = next(c for c in _charts(at) if "contour" in _types(c))
+    assert {"GD", "SAM"} <= set(_names(contour)) and "FisherSAM" not in _names(contour)
+
+
+def test_playground_start_outside_domain_is_a_message_not_a_traceback():
+    at = _run("pages/1_Optimizer_playground.py")
+    sigma_input = next(w for w in at.sidebar.number_input if w.key and w.key.startswith("sy_"))
+    sigma_input.set_value(-5.0).run()
+    assert not at.exception
+    assert at.error and "valid region" in at.error[0].value
+
+
+def test_playground_divergence_is_reported():
+    at = _run("pages/1_Optimizer_playground.py")
+    at.sidebar.selectbox[0].select("rosenbrock").run()
+    at.multiselect(key="optimizers").set_value(["GD"]).run()
+    lr = next(w for w in at.sidebar.number_input if w.key and w.key.endswith("_GD_lr"))
+    lr.set_value(1.0).run()  # Rosenbrock's curvature is ~2000 near (-1.5, 2): lr = 1 explodes
+    assert not at.exception
+    assert at.warning and "stopped after" in at.warning[0].value
+
+
+def test_smoothed_page_has_four_panels_and_rho_slider():
+    at = _run("pages/2_Smoothed_objectives.py")
+    _no_errors(at)
+    spec = _charts(at)[0]
+    assert _types(spec) == ["contour"] * 4
+    assert _names(spec) == ["loss", "gaussian_smoothed", "worst_case", "sam_first_order"]
+    at.sidebar.slider[0].set_value(2.0).run()
+    _no_errors(at)
+    assert _types(_charts(at)[0]) == ["contour"] * 4
+
+
+# ------------------------------------------------------------------------------------ logic
+
+
+def test_neighbourhood_geometry_matches_its_definition():
+    prob = tp.get("gaussian_mixture")
+    runs = toy.run(
+        "gaussian_mixture",
+        (5.0, 40.0),
+        3,
+        [
+            ("FisherSAM", {"lr": 1.0, "rho": 2.0, "eta": 1.0}),
+            ("SAM", {"lr": 1.0, "rho": 2.0}),
+            ("ASAM", {"lr": 1.0, "rho": 0.1, "eta": 0.01}),
+        ],
+    )
+    fsam, sam, asam = runs
+    w = fsam.trajectory.path[1]
+    pts = torch.as_tensor(toy.neighbourhood(prob, fsam, 1)) - w
+    f = prob.fisher(w)  # analytic (1/sigma^2, 2/sigma^2)
+    np.testing.assert_allclose(((pts**2) * f).sum(-1).numpy(), 4.0, rtol=1e-10)  # eps^T F eps = rho^2
+    pts = torch.as_tensor(toy.neighbourhood(prob, sam, 0)) - sam.trajectory.path[0]
+    np.testing.assert_allclose(pts.norm(dim=-1).numpy(), 2.0, rtol=1e-10)
+    w = asam.trajectory.path[0]
+    pts = torch.as_tensor(toy.neighbourhood(prob, asam, 0)) - w
+    np.testing.assert_allclose((pts / (w.abs() + 0.01)).norm(dim=-1).numpy(), 0.1, rtol=1e-10)
+    # FisherSAM's actual probe lies on its ellipse
+    e = fsam.trajectory.perturbations[1]
+    assert math.isclose(float((e**2 * f).sum()), 4.0, rel_tol=1e-8)
+
+
+def test_hessian_summary_against_closed_form():
+    prob = tp.get("himmelblau")
+    x, y = 3.0, 2.0  # f = (x^2 + y - 11)^2 + (x + y^2 - 7)^2
+    hxx = 12 * x**2 + 4 * y - 42
+    hyy = 12 * y**2 + 4 * x - 26
+    hxy = 4 * (x + y)
+    out = toy.hessian_summary(prob, (x, y))
+    np.testing.assert_allclose(out["hessian"], [[hxx, hxy], [hxy, hyy]], rtol=1e-12)
+    assert math.isclose(out["trace"], hxx + hyy, rel_tol=1e-12)
+
+
+def test_run_rejects_bad_inputs():
+    with pytest.raises(ValueError, match="valid region"):
+        toy.run("gaussian_mixture", (0.0, -1.0), 5, [("SAM", {})])
+    with pytest.raises(ValueError, match="outside"):
+        toy.run("gaussian_mixture", (0.0, 10.0), 5, [("SAM", {"lr": -1.0})])
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        toy.run("gaussian_mixture", (0.0, 10.0), 5, [("NoSuch", {})])
+
+
+def test_smoothed_panels_against_direct_formulas():
+    panels = toy.smoothed_panels("ill_conditioned_quadratic", rho=1.0, resolution=9)
+    prob = tp.get("ill_conditioned_quadratic")
+    xs, ys = panels["xs"], panels["ys"]
+    theta = torch.tensor([xs[3], ys[5]], dtype=torch.float64)
+    # Gaussian smoothing of a quadratic: L(theta) + (rho^2/p)/2 * Tr(H)
+    h = tp.hessian(prob, theta)
+    expected = float(prob.loss(theta)) + 0.5 * (1.0 / 2) * float(torch.trace(h))
+    assert math.isclose(panels["gaussian_smoothed"][5, 3], expected, rel_tol=1e-9)
+    # SAM first-order objective, by hand
+    g = tp.gradient(prob, theta)
+    expected_d = float(prob.loss(theta + g / (g.norm() + 1e-12)))
+    assert math.isclose(panels["sam_first_order"][5, 3], expected_d, rel_tol=1e-9)
+    assert np.all(panels["worst_case"] >= panels["loss"] - 1e-12)
