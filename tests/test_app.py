@@ -16,10 +16,10 @@ import torch
 APP = Path(__file__).resolve().parents[1] / "app"
 sys.path.insert(0, str(APP))
 
+from dashboard import toy  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import toy_problems as tp  # noqa: E402
-from dashboard import toy  # noqa: E402
 
 
 def _charts(at: AppTest) -> list[dict]:
