@@ -599,7 +599,7 @@ def test_model_bit_identical_after_calls_and_after_raising():
         ("worst_case", {"iterations": 3, "adaptive": True, "eta": 0.01}),
         ("average_case", {"samples": 3}),
         ("keskar", {"iterations": 2}),
-        ("lambda_max", {"max_matvecs": 30, "tol": 1e-3}),
+        ("fisher_worst_case", {"solver": "one_step"}),
         ("tracer", {"batch_size": 4}),
     ]:
         sharpness(obj, name, **opts)

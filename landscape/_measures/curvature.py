@@ -35,7 +35,8 @@ def lambda_max(
 ) -> dict[str, Any]:
     """Largest Hessian eigenvalue (and, with ``smallest=True``, the smallest: negative at saddles)
     by restarted Lanczos (``landscape.eigenvalues``) on the Hessian operator. ``k > 1`` also returns
-    the top-``k`` in ``extra``."""
+    the top-``k`` in ``extra``. A pair is converged when its true residual is below
+    ``tol * |lambda|`` (the smallest: below ``tol * lambda_max``); the flags are in ``extra``."""
     from landscape.eigen import eigenvalues
     from landscape.operators import hessian
 
@@ -52,7 +53,9 @@ def lambda_max(
         "converged": list(top.converged),
     }
     if smallest:
-        low = eigenvalues(op, k=1, which="smallest", **kw)
+        # converged when the residual is below tol * lambda_max (the smallest eigenvalue is often
+        # ~0, where a relative tolerance on itself would never be met)
+        low = eigenvalues(op, k=1, which="smallest", atol=tol * abs(float(top.values[0])), **kw)
         extra.update(
             smallest=float(low.values[0]),
             smallest_residual=float(low.residuals[0]),

@@ -104,7 +104,7 @@ def _apgd(inner: _Inner, u0: torch.Tensor, rho: float, p: float, iterations: int
     successes = int(f > f_prev)
     if f > best_f:
         best_f, best_x, best_g = f, x, g
-    last_eta_reduced, best_at_last = True, f_prev
+    last_eta_reduced, best_at_last = False, f_prev
     for k in range(1, iterations):
         z = _project(x + eta * _steepest(g, p), rho, p)
         x_new = _project(x + momentum * (z - x) + (1 - momentum) * (x - x_prev), rho, p)
@@ -291,8 +291,11 @@ def fisher_worst_case(
     solver: str = "apgd",
     iterations: int = 20,
     restarts: int = 1,
+    step: float | None = None,
+    momentum: float = 0.75,
+    m: int | None = None,
+    logit_normalization: bool = False,
     seed: int | torch.Generator | None = 0,
-    **kwargs: Any,
 ) -> dict[str, Any]:
     """Fisher worst case ``max_{delta^T F~ delta <= gamma^2} L(w + delta) - L(w)`` (Kim et al. 2022,
     FSAM seed eq. 8) with ``F~ = I + eta diag(f)`` as in FSAM's implementation (``1/(1 + eta f)`` is
@@ -318,9 +321,12 @@ def fisher_worst_case(
         solver=solver,
         iterations=iterations,
         restarts=restarts,
+        step=step,
+        momentum=momentum,
+        m=m,
+        logit_normalization=logit_normalization,
         seed=seed,
         _scale_override=(c, {"scale": "fisher_fsam", "eta": eta, "fisher": fisher}),
-        **kwargs,
     )
     cfg = out["config"]
     cfg.pop("rho")
