@@ -356,22 +356,16 @@ def _load_model(spec: str, state_dict: str | None) -> torch.nn.Module:
 
 
 def _load_data(spec: str, split: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``digits``, ``digits:test`` (split shorthand), ``digits-image``, ``mnist:DIR``, ... through
+    :func:`landscape.data.load_dataset`."""
+    from landscape.data import load_dataset
+
     name, _, rest = spec.partition(":")
     if name.lower() in ("digits", "digits-image") and rest in ("train", "test", "all"):
-        spec, split = name, split or rest
-    split = split or "train"
-    try:
-        from landscape.data import load_dataset
-    except ImportError:  # pragma: no cover - landscape.data is part of the package
-        load_dataset = None
-    if load_dataset is not None:
-        return load_dataset(spec, split)
-    if name.lower() != "digits":
-        raise ValueError(f"data {spec!r} needs landscape.data; only 'digits' is available")
-    from sklearn.datasets import load_digits
-
-    b = load_digits()
-    return torch.as_tensor(b.data / 16.0, dtype=torch.float32), torch.as_tensor(b.target)
+        if split is not None and split != rest:
+            raise ValueError(f"--data {spec} and --split {split} disagree; give the split once")
+        spec, split = name, rest
+    return load_dataset(spec, split or "train")
 
 
 _LOSSES = {

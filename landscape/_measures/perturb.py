@@ -446,24 +446,15 @@ def keskar(
 def filter_normalized_direction(
     obj, w: torch.Tensor, gen: torch.Generator, *, ignore_bias_bn: bool = True
 ) -> torch.Tensor:
-    """A Gaussian direction with every filter rescaled to the norm of the matching filter of ``w``
-    (Li et al. 2018, Sec. 4, eq. 1: ``d_{i,j} <- d_{i,j} / ||d_{i,j}|| * ||theta_{i,j}||``; a filter is
-    a slice along dim 0 of a parameter with >= 2 dims). 1-D parameters (biases, BN) get a zero
-    direction (``ignore_bias_bn=True``, as in Li et al.'s code) or the weights themselves."""
-    parts = []
-    params = obj.unflatten(w)
-    for name in obj.param_names:
-        t = params[name]
-        d = torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t)
-        if t.dim() <= 1:
-            d = torch.zeros_like(t) if ignore_bias_bn else t.clone()
-        else:
-            tf, df = t.reshape(t.shape[0], -1), d.reshape(t.shape[0], -1)
-            d = (df * (tf.norm(dim=1, keepdim=True) / df.norm(dim=1, keepdim=True).clamp_min(1e-30))).reshape(
-                t.shape
-            )
-        parts.append(d.reshape(-1))
-    return torch.cat(parts)
+    """A flat Gaussian direction with every filter rescaled to the norm of the matching filter of
+    ``w`` (Li et al. 2018, Sec. 4, eq. 1: ``d_{i,j} <- d_{i,j} / ||d_{i,j}|| * ||theta_{i,j}||``; a
+    filter is a slice along dim 0 of a parameter with >= 2 dims), drawn by
+    :func:`landscape.directions.random`. 1-D parameters (biases, BN) get a zero direction
+    (``ignore_bias_bn=True``, Li et al.'s default) or the weights themselves."""
+    from landscape.directions import random as random_direction
+
+    d = random_direction(obj.unflatten(w), "filter", ignore_1d=True if ignore_bias_bn else "weight", seed=gen)
+    return obj.flatten(d).to(w)
 
 
 def directional(
