@@ -194,7 +194,7 @@ def test_operator_matches_dense_reference(name, kind):
     op = {"hessian": ls.hessian, "ggn": ls.ggn, "ef": ls.empirical_fisher}[kind](obj)
     want = _reference(name, kind)
     assert op.shape == tuple(want.shape)
-    got = op.to_dense(chunk_size=16)
+    got = op.to_dense(chunk_size=128)
     assert _rel(got, want) <= 1e-10
     assert op.matvecs == want.shape[0]
     v = _randn(want.shape[0], seed=7)
@@ -405,3 +405,17 @@ def test_errors():
         ls.fisher(ls.Objective(model, nn.CrossEntropyLoss(label_smoothing=0.1), batches))
     with pytest.raises(TypeError, match="landscape.Objective"):
         ls.ggn(model)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["hessian", "ggn", "ef", "fisher"])
+def test_operators_on_cuda_match_cpu(kind):
+    model, loss, batches, _ = _case("cnn_bn_ce_mean_uneven")
+    make = {"hessian": ls.hessian, "ggn": ls.ggn, "ef": ls.empirical_fisher, "fisher": ls.fisher}[kind]
+    cpu = make(ls.Objective(model, loss, batches))
+    gpu = make(ls.Objective(model, loss, batches, device="cuda"))
+    assert gpu.device.type == "cuda" and next(model.parameters()).device.type == "cpu"
+    V = _randn(cpu.shape[0], 4)
+    assert _rel((gpu @ V.cuda()).cpu(), cpu @ V) <= 1e-10
+    if kind == "hessian":
+        assert gpu.engine_used in ("forward_over_reverse", "double_backward")
