@@ -71,8 +71,8 @@ class HVPEngine:
         self.chunk_size = chunk_size
         self.fd_eps = fd_eps
         full = objective._merge(params)
-        self._theta = {n: full[n].detach() for n in objective.param_names}
-        self._frozen = {n: t.detach() for n, t in full.items() if n not in self._theta}
+        self._theta = {n: full[n].detach().clone() for n in objective.param_names}
+        self._frozen = {n: t.detach().clone() for n, t in full.items() if n not in self._theta}
         if cache_graph == "auto":
             cache_graph = len(objective.batch_sizes) == 1
         self.cache_graph = bool(cache_graph)

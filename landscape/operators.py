@@ -52,7 +52,9 @@ class CurvatureOperator:
     """Base class: a symmetric ``p x p`` curvature matrix at a fixed point, applied matrix-free.
 
     Subclasses implement ``_matmat(V) -> [p, k]`` on the local data; the base class validates the
-    input, guards the caller's model, sums over data-parallel ranks and counts products.
+    input, restores the model's train/eval flags (products only ever see private copies of
+    parameters and buffers, so the model itself cannot change), sums over data-parallel ranks
+    and counts products.
     """
 
     name = "curvature"
@@ -62,8 +64,9 @@ class CurvatureOperator:
             raise TypeError(f"expected a landscape.Objective, got {type(objective).__name__}")
         self.objective = objective
         full = objective._merge(params)
+        # private copies: products never touch (or alias) the caller's parameters
         self._theta = {n: full[n].detach().clone() for n in objective.param_names}
-        self._frozen = {n: t.detach() for n, t in full.items() if n not in self._theta}
+        self._frozen = {n: t.detach().clone() for n, t in full.items() if n not in self._theta}
         p = objective.num_params
         self.shape = (p, p)
         self.dtype = objective.dtype
@@ -107,7 +110,10 @@ class CurvatureOperator:
         V = V.to(device=self.device, dtype=self.dtype)
         if V.shape[1] == 0:
             return V.clone()
-        with self.objective.guard():
+        # Products run on private parameter copies and buffer copies (``objective.buffers()``) and
+        # never call ``.backward`` on the model, so only the train/eval flags need restoring: a full
+        # ``guard()`` snapshot per product would cost a copy of the model every time.
+        with self.objective._evaluating():
             out = self._matmat(V)
         out = self.objective._all_reduce(out)
         self.matvecs += V.shape[1]
