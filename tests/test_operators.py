@@ -253,8 +253,8 @@ def test_hvp_function_and_scipy():
     lo = op.to_scipy()
     x = np.random.default_rng(0).standard_normal(obj.num_params)
     assert np.allclose(lo @ x, (H @ torch.from_numpy(x)).numpy(), rtol=1e-10, atol=1e-14)
-    vals = eigsh(lo, k=3, which="LA", tol=1e-12, return_eigenvectors=False)
-    want = torch.linalg.eigvalsh(H)[-3:].numpy()
+    vals = eigsh(lo, k=2, which="LA", tol=1e-10, return_eigenvectors=False)
+    want = torch.linalg.eigvalsh(H)[-2:].numpy()
     assert np.allclose(np.sort(vals), want, rtol=1e-8)
 
 
@@ -330,7 +330,7 @@ def test_fisher_expectation_is_ggn():
         exact += (gc * probs[:, c : c + 1]).T @ gc / len(y)
     assert _rel(exact, G) <= 1e-10
     obj = ls.Objective(model, loss, [(x, y)])
-    avg = sum(ls.fisher(obj, samples=25, seed=s).to_dense() for s in range(24)) / 24
+    avg = sum(ls.fisher(obj, samples=50, seed=s).to_dense() for s in range(12)) / 12
     one = ls.fisher(obj, samples=1, seed=0).to_dense()
     err_avg, err_one = _rel(avg, G), _rel(one, G)
     assert err_avg <= 0.08 and err_avg <= err_one / 4, (err_avg, err_one)
