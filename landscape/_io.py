@@ -23,6 +23,10 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     tmp_path = Path(tmp)
     try:
         writer(tmp_path)
+        # mkstemp creates the file 0600; give it the permissions a plain open() would
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)
         os.replace(tmp_path, path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)

@@ -17,3 +17,26 @@ def test_ratios_table_and_json(tmp_path):
     path = _runner.report("unit", rows, config={"x": 1}, out_dir=tmp_path)
     data = json.loads(path.read_text())
     assert data["rows"][3]["seconds_ratio"] == 1.5 and data["machine"]["torch"]
+
+
+def test_atomic_write_keeps_old_file_on_error_and_uses_normal_permissions(tmp_path):
+    import os
+
+    import pytest
+
+    from landscape._io import atomic_write, atomic_write_text
+
+    path = tmp_path / "r.json"
+    atomic_write_text(path, "old")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (path.stat().st_mode & 0o777) == (0o666 & ~umask)
+
+    def failing(p):
+        p.write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        atomic_write(path, failing)
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left behind
