@@ -113,21 +113,24 @@ def main() -> None:
         )
     methods["landscape.surface auto (loss+accuracy)"] = lambda: surface(obj, [e1, e2], coords)
     times: dict[str, list[float]] = {k: [] for k in methods}
+    cpu: dict[str, list[float]] = {k: [] for k in methods}
     for r in range(repeat):  # interleaved rounds: load changes hit every method alike
         for name, fn in methods.items():
             if dev.type == "cuda":
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
         print(
             f"round {r + 1}/{repeat}: " + ", ".join(f"{k.split()[-1]} {v[-1]:.3g}s" for k, v in times.items())
         )
     auto = surface(obj, [e1, e2], coords)
     rows = []
     base = min(times["loss-landscapes random_plane"])
+    base_cpu = min(cpu["loss-landscapes random_plane"])
     for name, ts in times.items():
         rows.append(
             {
@@ -135,6 +138,8 @@ def main() -> None:
                 "min_s": min(ts),
                 "median_s": float(np.median(ts)),
                 "vs_loss_landscapes": min(ts) / base,
+                "cpu_s": min(cpu[name]),  # process CPU time: robust to other load on a shared machine
+                "cpu_vs_loss_landscapes": min(cpu[name]) / base_cpu,
                 "ms_per_point": 1e3 * min(ts) / (n * n),
             }
         )

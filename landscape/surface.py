@@ -387,7 +387,7 @@ def _point(base: Mapping[str, torch.Tensor], dirs, c: Sequence[float], names) ->
         t = base[n]
         for ci, d in zip(c, dirs):
             if n in d:
-                t = t + ci * d[n]
+                t = torch.add(t, d[n], alpha=ci)  # t + ci * d in one pass; ci = 0 leaves t exact
         out[n] = t
     return out
 
@@ -681,7 +681,8 @@ def _resolve_strategy(strategy: str, obj, dirs, bn_policy: str) -> str:
         raise ValueError(f"strategy must be one of {_STRATEGIES}, got {strategy!r}")
     has_bn = bool(_bn_modules(obj.model))
     linear_ok = _LinearFirstEvaluator.split(obj.model) is not None and bn_policy != "recompute"
-    vmap_ok = bn_policy == "eval" or not has_bn
+    has_dropout = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in obj.model.modules())
+    vmap_ok = (bn_policy == "eval" or not has_bn) and (obj.mode == "eval" or not has_dropout)
     if strategy == "linear_first_layer" and not linear_ok:
         raise ValueError(
             "strategy 'linear_first_layer' needs an nn.Sequential whose first parametrised module is "
@@ -689,7 +690,8 @@ def _resolve_strategy(strategy: str, obj, dirs, bn_policy: str) -> str:
         )
     if strategy == "vmap" and not vmap_ok:
         raise ValueError(
-            "strategy 'vmap' cannot update BatchNorm statistics; use bn_policy='eval' or strategy='loop'"
+            "strategy 'vmap' cannot update BatchNorm statistics or draw dropout masks; use "
+            "bn_policy='eval' (with mode='eval' for dropout) or strategy='loop'"
         )
     if strategy != "auto":
         return strategy
