@@ -43,7 +43,7 @@ def test_layer_weight_model_and_raw_gaussian():
     v = raw["0.weight"]
     assert abs(float(v.mean())) < 0.05 and abs(float(v.std()) - 1) < 0.05  # N(0, 1), not U(0, 1)
     assert float((v < 0).double().mean()) == pytest.approx(0.5, abs=0.03)
-    w = dict(model.named_parameters())
+    w = {n: p.detach() for n, p in model.named_parameters()}
     wn = D.random(model, "weight", seed=7)
     assert torch.equal(wn["0.weight"], raw["0.weight"] * w["0.weight"])
     ln = D.random(model, "layer", seed=7)
