@@ -745,6 +745,8 @@ def surface(
         :class:`Surface`; ``s.loss[i, j]`` is at ``(xs[i], ys[j])`` (``s.loss[i]`` in 1-D).
     """
     t0 = time.perf_counter()
+    if isinstance(directions, Mapping):  # one direction given bare
+        directions = [directions]
     dirs, cs = _check_inputs(obj, directions, coords)
     metrics = tuple(metrics)
     if not metrics or any(m not in _METRICS for m in metrics):

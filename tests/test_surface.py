@@ -114,6 +114,7 @@ def test_strategies_agree_and_1d(mlp_setup):
     np.testing.assert_array_equal(vm.accuracy, loop.accuracy)
     one = surface(obj, [d1], [xs])
     assert one.loss.shape == (6,) and one.ndim == 1
+    np.testing.assert_array_equal(surface(obj, d1, xs).loss, one.loss)  # bare direction and coords
     for i in (0, 3, 5):
         assert one.loss[i] == pytest.approx(independent_loss(model, [d1], (xs[i],), batches)[0], rel=1e-10)
     # auto picks the linear strategy on CPU for an nn.Sequential MLP
