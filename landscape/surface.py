@@ -507,6 +507,21 @@ class _LinearFirstEvaluator(_Evaluator):
         mods = list(self.model)
         self.prefix = mods[:k]
         self.rest = nn.Sequential(*mods[k + 1 :])
+        # per module of the rest: plain nn.Linear -> F.linear (what its forward does), stateless
+        # modules called directly, anything else through functional_call with its own entries
+        self.kinds = []
+        for j, mod in enumerate(self.rest):
+            hooked = bool(mod._forward_hooks or mod._forward_pre_hooks)
+            if type(mod) is nn.Linear and not hooked:
+                self.kinds.append(("linear", f"{j}.weight", f"{j}.bias" if mod.bias is not None else None))
+            elif (
+                not hooked
+                and next(iter(mod.parameters()), None) is None
+                and next(iter(mod.buffers()), None) is None
+            ):
+                self.kinds.append(("plain", None, None))
+            else:
+                self.kinds.append(("call", f"{j}.", None))
         first = f"{k}."
         wn, bn = first + "weight", first + "bias"
         has_bias = bn in self.params
@@ -541,6 +556,19 @@ class _LinearFirstEvaluator(_Evaluator):
                         ps.append(None)
                 self.pre.append((a0, ps, y, w))
 
+    def _run_rest(self, a, p, b):
+        for mod, (kind, x1, x2) in zip(self.rest, self.kinds):
+            if kind == "linear":
+                a = F.linear(a, p[x1], None if x2 is None else p[x2])
+            elif kind == "plain":
+                a = mod(a)
+            else:
+                n = len(x1)
+                sp = {k[n:]: v for k, v in p.items() if k.startswith(x1)}
+                sb = {k[n:]: v for k, v in b.items() if k.startswith(x1)}
+                a = functional_call(mod, (sp, sb), (a,))
+        return a
+
     def evaluate(self, points):
         out = []
         obj = self.obj
@@ -559,7 +587,7 @@ class _LinearFirstEvaluator(_Evaluator):
                 for ci, pi in zip(c, ps):
                     if pi is not None:
                         a = torch.add(a, pi, alpha=ci)
-                o = functional_call(self.rest, (p, b), (a,))
+                o = self._run_rest(a, p, b)
                 total = total + w * obj.loss_fn(o, y)
                 if classify:
                     k = self._num_correct(o, y)

@@ -282,7 +282,7 @@ def test_cli_torchrun_two_gloo_processes(tmp_path):
     out = tmp_path / "s.npz"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         "-m", "landscape", "surface", "--model", "mlp", "--model-kwargs", '{"sizes": [64, 16, 10]}',
         "--state-dict", str(tmp_path / "m.pt"), "--data", "digits", "--limit", "300", "--grid", "5", "4",
         "--range", "-1", "1", "--out", str(out), "--quiet", "--dtype", "float64",
@@ -349,3 +349,24 @@ def test_vmap_on_cuda_matches_cpu(mlp_setup):
     assert a.strategy == "vmap"
     b = surface(obj, [d1, d2], [xs, xs], strategy="loop")
     np.testing.assert_allclose(a.loss, b.loss, rtol=1e-10)
+
+
+def test_linear_strategy_with_batchnorm_in_the_rest():
+    x, y = make_classification_data(n=30, d=5, n_classes=3, seed=12)
+    torch.manual_seed(13)
+    model = nn.Sequential(
+        nn.Flatten(), nn.Linear(5, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 3)
+    ).double()
+    with torch.no_grad():
+        model[2].running_mean.uniform_(-0.5, 0.5)
+        model[2].running_var.uniform_(0.5, 2.0)
+    batches = split_batches(x, y, [14, 16])
+    obj = Objective(model, CE, batches)
+    d1 = D.random(obj, "filter", seed=0, ignore_1d=False)
+    d2 = D.random(obj, "layer", seed=1, ignore_1d=False)
+    xs, ys = np.linspace(-1, 1, 3), np.linspace(-1, 0, 3)
+    lin = surface(obj, [d1, d2], [xs, ys], strategy="linear_first_layer")
+    assert lin.loss[1, 2] == float(obj.loss())
+    for i, j in [(0, 0), (2, 1)]:
+        ref = independent_loss(model, [d1, d2], (xs[i], ys[j]), batches)[0]
+        assert lin.loss[i, j] == pytest.approx(ref, rel=1e-10)
