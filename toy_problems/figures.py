@@ -128,7 +128,7 @@ def fsam_fig1(out: Path, resolution: int) -> dict:
     xs, ys, T = prob.grid(resolution)
     Z = prob.loss(T).numpy()
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    cs = ax.contourf(xs, ys, Z, levels=_levels(Z), cmap="viridis")
+    cs = ax.contourf(xs, ys, Z, levels=_levels(Z), cmap="viridis", extend="max")
     fig.colorbar(cs, ax=ax, label="loss l(mu, sigma)")
     numbers: dict[str, Any] = {"minima": {}, "paper": {}}
     for m, marker, colour in zip(prob.minima, ("*", "o"), ("tab:blue", "magenta")):
@@ -184,7 +184,7 @@ def _fsam_pair(out: Path, resolution: int, name: str, start, methods) -> dict:
     start_t = torch.tensor(start, dtype=torch.float64)
     for ax, (label, factory, region) in zip(axes, methods):
         tr = run_trajectory(prob, factory, start, s["steps"])
-        ax.contourf(xs, ys, Z, levels=_levels(Z), cmap="viridis")
+        ax.contourf(xs, ys, Z, levels=_levels(Z), cmap="viridis", extend="max")
         path = tr.path.numpy()
         ax.plot(path[:, 0], path[:, 1], "-", color="white", lw=1.2)
         ax.plot(path[-1, 0], path[-1, 1], "x", color="red", ms=9)
@@ -357,7 +357,7 @@ def vsam_fig1(out: Path, resolution: int) -> dict:
     }
     for ax, key in zip(axes, "ABCD"):
         Z = P[key]
-        ax.contourf(xs, ys, Z, levels=_levels(Z), cmap="viridis")
+        ax.contourf(xs, ys, Z, levels=_levels(Z), cmap="viridis", extend="max")
         summ = _basin_summary(xs, ys, Z)
         for b in summ:
             if not b["on_grid_edge"]:
@@ -521,7 +521,7 @@ def bsam_fig5(out: Path, resolution: int) -> dict:
     post = R["post"]
     fig, ax = plt.subplots(figsize=(6, 5))
     ax.contourf(post.xs, post.ys, post.density.numpy(), levels=20, cmap="Greys")
-    ax.plot(*post.map.tolist(), "kx", ms=10, mew=2, label="MAP")
+    ax.plot(*post.map.tolist(), "kx", ms=10, mew=2, label="MAP", zorder=5)
     ax.plot(*R["w_sam"].tolist(), "o", color="tab:green", label="SAM")
     e = R["gauss"]["SAM+Laplace"].ellipse(2.0).numpy()
     ax.plot(e[:, 0], e[:, 1], "--", color="tab:green", label="SAM+Laplace (2 sd)")
