@@ -281,7 +281,9 @@ def vsam_panels(resolution: int, rho: float = VSAM_RHO, n_quad: int | None = Non
     """The four panels of VSAM Fig. 1 on one grid: ``{"xs", "ys", "A", "B", "C", "D"}`` (numpy).
 
     Panel C is masked (NaN) where the ball reaches ``sigma <= 0`` (``sigma <= rho``): the loss is
-    ``+inf`` at ``sigma = 0``, so the worst case there is unbounded."""
+    ``+inf`` at ``sigma = 0``, so the worst case there is unbounded. Panel B is masked on the same
+    band: there the smoothing Gaussian straddles the (integrable) log singularity at ``sigma = 0``
+    and the Gauss-Hermite rule is inaccurate (it produces spurious stripes)."""
     prob = GaussianMixture()
     reduced = resolution < REDUCED_BELOW
     nq = n_quad if n_quad is not None else (24 if reduced else 48)
@@ -290,6 +292,9 @@ def vsam_panels(resolution: int, rho: float = VSAM_RHO, n_quad: int | None = Non
     B = gaussian_smoothed(prob, T, rho, n_quad=nq).numpy()
     C = worst_case_ball(prob, T, rho, n_radii=8 if reduced else 16, n_angles=64 if reduced else 128).numpy()
     C = np.where(T[..., 1].numpy() > rho, C, np.nan)
+    # B near sigma = 0: the smoothing Gaussian (std rho/sqrt 2) reaches the log singularity of the
+    # loss at sigma = 0, where Gauss-Hermite converges slowly (stripes); masked like C
+    B = np.where(T[..., 1].numpy() > rho, B, np.nan)
     D = sam_first_order(prob, T, rho).detach().numpy()
     return {"xs": xs.numpy(), "ys": ys.numpy(), "A": A, "B": B, "C": C, "D": D, "n_quad": nq}
 
@@ -343,7 +348,8 @@ def vsam_fig1(out: Path, resolution: int) -> dict:
     xs, ys = P["xs"], P["ys"]
     titles = {
         "A": "A: loss L",
-        "B": f"B: E L(theta+eps), eps~N(0, rho^2/2 I)\n(Gauss-Hermite {P['n_quad']}x{P['n_quad']})",
+        "B": f"B: E L(theta+eps), eps~N(0, rho^2/2 I)\n"
+        f"(Gauss-Hermite {P['n_quad']}x{P['n_quad']}; white: sigma<=rho)",
         "C": "C: max_{||eps||<=rho} L(theta+eps)\n(dense search; white: ball reaches sigma<=0)",
         "D": "D: L(theta + rho g/||g||) (SAM, 1st order)",
     }
@@ -371,7 +377,9 @@ def vsam_fig1(out: Path, resolution: int) -> dict:
         )
         ax.set_xlabel("mu")
     axes[0].set_ylabel("sigma")
-    fig.suptitle(f"VSAM Fig. 1 (rho = {VSAM_RHO}): red stars = local minima of each surface", fontsize=9)
+    fig.suptitle(
+        f"VSAM Fig. 1 (rho = {VSAM_RHO}): red stars = local minima of each surface", fontsize=9, y=1.08
+    )
     _save_png(fig, out / "vsam_fig1.png")
     try:
         import plotly.graph_objects as go
