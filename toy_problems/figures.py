@@ -70,6 +70,9 @@ MOONS_SETTINGS = {
     "sam": {"rho": 0.05, "lr": 0.1, "momentum": 0.9},
     "seed": 0,
     "samples": 32,
+    # SAM+Laplace prior precision: laplace-torch's default 1.0. bSAM's delta * N = 0.01 makes the
+    # diagonal-GGN posterior so wide that the linearised predictive is 0.5 everywhere.
+    "laplace_prior_precision": 1.0,
 }
 
 
@@ -653,7 +656,7 @@ def bsam_fig6(out: Path, resolution: int) -> dict:
         .squeeze(-1)
         .reshape(XG.shape[:-1])
     )
-    p_lap = _laplace_linearised(prob, sam_model, XG, prior_precision=s["bsam"]["delta"] * prob.num_data)
+    p_lap = _laplace_linearised(prob, sam_model, XG, prior_precision=s["laplace_prior_precision"])
     maps = {"SAM": p_sam, "bSAM": p_bsam, "SAM+Laplace": p_lap}
     fig, axes = plt.subplots(1, 3, figsize=(14, 4), sharey=True)
     numbers: dict[str, Any] = {"settings": {**s, "epochs_used": epochs}, "methods": {}}
