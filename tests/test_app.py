@@ -184,3 +184,48 @@ def test_smoothed_panels_against_direct_formulas():
     expected_d = float(prob.loss(theta + g / (g.norm() + 1e-12)))
     assert math.isclose(panels["sam_first_order"][5, 3], expected_d, rel_tol=1e-9)
     assert np.all(panels["worst_case"] >= panels["loss"] - 1e-12)
+
+
+def test_bayesian_page_defaults_and_two_moons():
+    at = _run("pages/3_Bayesian_view.py")
+    _no_errors(at)
+    charts = _charts(at)
+    posterior = charts[0]
+    names = _names(posterior)
+    assert "exact posterior" in names and "SAM" in names and "MAP" in names
+    for method in ("bSAM", "MFVI", "SAM+Laplace", "Laplace at MAP"):
+        assert any(n and n.startswith(method + " (") for n in names), method
+    boundaries = charts[1]
+    # every sampled decision boundary is a line through the origin (the model has no bias)
+    for d in boundaries["data"][1:]:
+        xs, ys = d["x"], d["y"]
+        for i in range(0, len(xs), 3):
+            x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+            assert abs(x0 * y1 - x1 * y0) <= 1e-9 * (1 + abs(x0 * y1))
+    assert _types(charts[2]).count("contour") == 5  # exact, SAM, SAM+Laplace, bSAM, MFVI
+    at.sidebar.slider[0].set_value(0.5).run()  # SAM rho
+    _no_errors(at)
+    at.sidebar.checkbox[0].check().run()  # two moons
+    at.sidebar.slider[4].set_value(10).run()
+    _no_errors(at)
+    moons = _charts(at)[-1]
+    assert _names(moons)[::2] == ["SAM", "bSAM", "SAM+Laplace"]
+
+
+def test_bayes_distances_and_ellipses_against_direct_computation():
+    from dashboard import bayes
+
+    R = bayes.logistic(20)
+    rows = {r["method"]: r for r in bayes.distance_rows(R)}
+    p_exact = R["maps"]["exact"].double()
+    for method in ("SAM", "bSAM", "MFVI"):
+        tv = float((R["maps"][method].double() - p_exact).abs().mean())
+        assert math.isclose(rows[method]["mean |p - p_exact|"], tv, rel_tol=1e-9)
+    fig = bayes.posterior_figure(R, n_std=2.0)
+    g = R["gauss"]["bSAM"]
+    ell = next(d for d in fig.data if d.name.startswith("bSAM"))
+    pts = torch.stack([torch.as_tensor(np.asarray(ell.x)), torch.as_tensor(np.asarray(ell.y))], -1) - g.mean
+    maha = torch.einsum("ni,ij,nj->n", pts, torch.linalg.inv(g.cov.double()), pts)
+    np.testing.assert_allclose(maha.numpy(), 4.0, rtol=1e-6)  # the 2-sigma ellipse
+    with pytest.raises(ValueError, match="unknown method"):
+        bayes.logistic(20, {"adam": {"lr": 1.0}})

@@ -402,15 +402,31 @@ def vsam_fig1(out: Path, resolution: int) -> dict:
 # ------------------------------------------------------------------------------------------------
 # bSAM Fig. 3 and 5 (logistic regression)
 # ------------------------------------------------------------------------------------------------
-@lru_cache(maxsize=2)
-def logistic_results(resolution: int) -> dict[str, Any]:
+def logistic_results(resolution: int, overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Fit SAM and bSAM on the logistic-regression problem and compute every posterior / predictive
-    that Fig. 3 and 5 show (cached: both figures use one run)."""
+    that Fig. 3 and 5 show (cached: both figures use one run).
+
+    ``overrides`` updates :data:`LOGREG_SETTINGS` per method, e.g. ``{"sam": {"rho": 0.5}}`` (the
+    dashboard's sliders); unknown methods or keys raise ``ValueError``."""
+    frozen = tuple(sorted((m, tuple(sorted(v.items()))) for m, v in (overrides or {}).items()))
+    return _logistic_results(resolution, frozen)
+
+
+@lru_cache(maxsize=4)
+def _logistic_results(resolution: int, overrides: tuple) -> dict[str, Any]:
     from optimizers import MFVI, SAM, BayesianSAM
 
     prob = LogisticRegression()
     post = prob.exact_posterior()
-    s = LOGREG_SETTINGS
+    s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in LOGREG_SETTINGS.items()}
+    for method, items in overrides:
+        values = dict(items)
+        if method not in s or not isinstance(s[method], dict):
+            raise ValueError(f"unknown method {method!r} in overrides; choose from sam, bsam, mfvi")
+        unknown = set(values) - set(s[method])
+        if unknown:
+            raise ValueError(f"unknown {method} settings {sorted(unknown)}; known: {sorted(s[method])}")
+        s[method].update(values)
     sam_tr = run_trajectory(
         prob,
         lambda p: SAM(p, torch.optim.SGD, rho=s["sam"]["rho"], lr=s["sam"]["lr"]),
@@ -638,13 +654,12 @@ def _laplace_linearised(prob: TwoMoons, model, XG: torch.Tensor, prior_precision
     return torch.cat(out).reshape(XG.shape[:-1])
 
 
-def bsam_fig6(out: Path, resolution: int) -> dict:
-    plt = _plt()
-    prob = TwoMoons()
+def moons_results(resolution: int, epochs: int) -> dict[str, Any]:
+    """Train SAM and bSAM on two moons for ``epochs`` epochs and compute the three predictive maps of
+    Fig. 6 (SAM, bSAM model average, SAM + linearised diagonal Laplace) on a ``resolution``^2 grid."""
     s = MOONS_SETTINGS
-    epochs = s["epochs_reduced"] if resolution < REDUCED_BELOW else s["epochs"]
+    prob = TwoMoons()
     xs, ys, XG = _xgrid(prob, resolution)
-    X, y = prob.data
     sam_model, _ = _train_moons(prob, "SAM", epochs)
     bsam_model, bopt = _train_moons(prob, "bSAM", epochs)
     with torch.no_grad():
@@ -658,22 +673,44 @@ def bsam_fig6(out: Path, resolution: int) -> dict:
     )
     p_lap = _laplace_linearised(prob, sam_model, XG, prior_precision=s["laplace_prior_precision"])
     maps = {"SAM": p_sam, "bSAM": p_bsam, "SAM+Laplace": p_lap}
+    entropy = {}
+    for k, p in maps.items():
+        pc = p.clamp(1e-12, 1 - 1e-12)
+        entropy[k] = float((-(pc * pc.log() + (1 - pc) * (1 - pc).log())).mean())
+    return {
+        "prob": prob,
+        "data": prob.data,
+        "xs": xs,
+        "ys": ys,
+        "maps": maps,
+        "entropy": entropy,
+        "models": {"SAM": sam_model, "bSAM": bsam_model, "SAM+Laplace": sam_model},
+        "epochs": epochs,
+    }
+
+
+def bsam_fig6(out: Path, resolution: int) -> dict:
+    plt = _plt()
+    s = MOONS_SETTINGS
+    epochs = s["epochs_reduced"] if resolution < REDUCED_BELOW else s["epochs"]
+    M = moons_results(resolution, epochs)
+    xs, ys, maps = M["xs"], M["ys"], M["maps"]
+    X, y = M["data"]
+    sam_model, bsam_model = M["models"]["SAM"], M["models"]["bSAM"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4), sharey=True)
     numbers: dict[str, Any] = {"settings": {**s, "epochs_used": epochs}, "methods": {}}
     for ax, (k, p) in zip(axes, maps.items()):
         cs = ax.contourf(xs, ys, p.numpy(), levels=np.linspace(0, 1, 21), cmap="RdBu_r")
         ax.scatter(X[:, 0], X[:, 1], c=np.where(y.numpy() > 0.5, "red", "blue"), s=10, edgecolors="k", lw=0.4)
-        pc = p.clamp(1e-12, 1 - 1e-12)
-        ent = -(pc * pc.log() + (1 - pc) * (1 - pc).log())
         with torch.no_grad():
             model = sam_model if k != "bSAM" else bsam_model
             acc = float(((model(X).squeeze(-1) > 0).double() == y).double().mean())
         numbers["methods"][k] = {
-            "mean_predictive_entropy": float(ent.mean()),
+            "mean_predictive_entropy": M["entropy"][k],
             "train_accuracy_of_mean": acc,
             "fraction_uncertain_0.2_0.8": float(((p > 0.2) & (p < 0.8)).double().mean()),
         }
-        ax.set_title(f"{k}: mean entropy {float(ent.mean()):.3f} nats", fontsize=9)
+        ax.set_title(f"{k}: mean entropy {M['entropy'][k]:.3f} nats", fontsize=9)
     fig.colorbar(cs, ax=axes, fraction=0.02, label="p(y=1|x)")
     fig.suptitle(f"bSAM Fig. 6: two moons, MLP 2-[32]x4-1 ELU, {epochs} epochs", fontsize=9)
     _save_png(fig, out / "bsam_fig6.png")

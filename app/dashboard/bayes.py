@@ -1,0 +1,271 @@
+"""Logic of the "Bayesian view" page: Bayesian logistic regression (exact posterior vs Laplace vs
+MFVI vs bSAM, predictive maps, sampled decision boundaries) and two moons (bSAM seed Fig. 3, 5, 6).
+
+The fitting is done by ``toy_problems.figures`` (the same code that draws the reproduced figures),
+so the page and the committed figures can never disagree; this module turns the results into
+Plotly figures and tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from toy_problems import figures
+
+METHOD_COLORS = {
+    "exact": "black",
+    "MAP": "#7f7f7f",
+    "SAM": "#d62728",
+    "SAM+Laplace": "#ff7f0e",
+    "Laplace at MAP": "#8c564b",
+    "bSAM": "#1f77b4",
+    "MFVI": "#2ca02c",
+}
+
+
+def logistic(resolution: int = 60, overrides: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    """Every posterior and predictive map of the logistic-regression problem (see
+    ``toy_problems.figures.logistic_results``), with optional hyperparameter ``overrides`` such as
+    ``{"sam": {"rho": 0.5}, "bsam": {"rho": 0.1}}``."""
+    if not 10 <= resolution <= 200:
+        raise ValueError(f"resolution must be between 10 and 200, got {resolution}")
+    return figures.logistic_results(resolution, overrides=overrides)
+
+
+def distance_rows(R: dict[str, Any]) -> list[dict[str, Any]]:
+    post = R["post"]
+    rows = []
+    for name, d in R["distances"].items():
+        row: dict[str, Any] = {
+            "method": name,
+            "mean |p - p_exact|": d["tv_mean"],
+            "max |p - p_exact|": d["tv_max"],
+            "mean KL(exact || method)": d["kl_mean"],
+        }
+        g = R["gauss"].get(name)
+        if g is not None:
+            row["‖mean − exact mean‖"] = float((g.mean - post.mean).norm())
+            row["det Σ / det Σ_exact"] = float(torch.det(g.cov) / torch.det(post.cov))
+        rows.append(row)
+    return rows
+
+
+def posterior_figure(R: dict[str, Any], n_std: float = 2.0) -> go.Figure:
+    """Exact posterior density (contours) with MAP, SAM point and the Gaussian approximations'
+    ``n_std`` ellipses (bSAM seed Fig. 5)."""
+    post = R["post"]
+    fig = go.Figure(
+        go.Contour(
+            x=post.xs.numpy(),
+            y=post.ys.numpy(),
+            z=post.density.numpy(),
+            name="exact posterior",
+            colorscale="Greys",
+            showscale=False,
+            ncontours=15,
+            contours=dict(coloring="lines"),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[float(post.map[0])],
+            y=[float(post.map[1])],
+            mode="markers",
+            name="MAP",
+            marker=dict(symbol="x", size=12, color=METHOD_COLORS["MAP"]),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[float(post.mean[0])],
+            y=[float(post.mean[1])],
+            mode="markers",
+            name="exact mean",
+            marker=dict(symbol="circle", size=9, color="black"),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[float(R["w_sam"][0])],
+            y=[float(R["w_sam"][1])],
+            mode="markers",
+            name="SAM",
+            marker=dict(symbol="star", size=13, color=METHOD_COLORS["SAM"]),
+        )
+    )
+    for name, g in R["gauss"].items():
+        ell = g.ellipse(n_std=n_std).numpy()
+        fig.add_trace(
+            go.Scatter(
+                x=ell[:, 0],
+                y=ell[:, 1],
+                mode="lines",
+                name=f"{name} ({n_std:g}σ)",
+                line=dict(color=METHOD_COLORS.get(name, "gray"), width=2),
+            )
+        )
+    fig.update_layout(
+        xaxis_title="w₁",
+        yaxis_title="w₂",
+        height=480,
+        margin=dict(l=40, r=10, t=30, b=40),
+        xaxis=dict(range=[-2, 8]),
+        yaxis=dict(range=[-2, 5]),
+    )
+    return fig
+
+
+def predictive_figure(
+    R: dict[str, Any], methods=("exact", "SAM", "SAM+Laplace", "bSAM", "MFVI")
+) -> go.Figure:
+    """Predictive maps ``p(y=1|x)`` side by side with the data (bSAM seed Fig. 3)."""
+    methods = [m for m in methods if m in R["maps"]]
+    fig = make_subplots(
+        rows=1, cols=len(methods), subplot_titles=methods, horizontal_spacing=0.03, shared_yaxes=True
+    )
+    X, y = R["prob"].data
+    for j, m in enumerate(methods, start=1):
+        fig.add_trace(
+            go.Contour(
+                x=R["xs"].numpy(),
+                y=R["ys"].numpy(),
+                z=R["maps"][m].numpy(),
+                name=m,
+                colorscale="RdBu_r",
+                zmin=0,
+                zmax=1,
+                showscale=j == len(methods),
+                contours=dict(start=0, end=1, size=0.1),
+            ),
+            row=1,
+            col=j,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=X[:, 0].numpy(),
+                y=X[:, 1].numpy(),
+                mode="markers",
+                showlegend=False,
+                name="data",
+                marker=dict(
+                    size=5,
+                    color=np.where(y.numpy() > 0.5, "red", "blue"),
+                    line=dict(color="black", width=0.5),
+                ),
+            ),
+            row=1,
+            col=j,
+        )
+    fig.update_layout(height=330, margin=dict(l=30, r=10, t=40, b=30))
+    return fig
+
+
+def decision_boundaries_figure(R: dict[str, Any], samples: int = 20, seed: int = 0) -> go.Figure:
+    """Decision boundaries ``w^T x = 0`` (lines through the origin; the model has no bias) of
+    ``samples`` weights drawn from each Gaussian posterior and from the exact one (grid sampling)."""
+    g = torch.Generator().manual_seed(seed)
+    post = R["post"]
+    X, y = R["prob"].data
+    (x0, x1), _ = R["prob"].x_bounds
+    t = torch.tensor([x0, x1], dtype=torch.float64)
+    fig = go.Figure(
+        go.Scatter(
+            x=X[:, 0].numpy(),
+            y=X[:, 1].numpy(),
+            mode="markers",
+            name="data",
+            marker=dict(size=6, color=np.where(y.numpy() > 0.5, "red", "blue")),
+        )
+    )
+    draws: dict[str, torch.Tensor] = {}
+    flat = (post.density * post.step**2).reshape(-1).double()
+    idx = torch.multinomial(flat / flat.sum(), samples, replacement=True, generator=g)
+    draws["exact"] = post.grid.reshape(-1, 2)[idx].double()
+    for name in ("bSAM", "MFVI", "SAM+Laplace"):
+        gauss = R["gauss"][name]
+        chol = torch.linalg.cholesky(gauss.cov.double())
+        z = torch.randn(samples, 2, generator=g, dtype=torch.float64)
+        draws[name] = gauss.mean.double() + z @ chol.T
+    for name, ws in draws.items():
+        xs_all, ys_all = [], []
+        for w in ws:
+            if abs(float(w[1])) < 1e-9:
+                continue
+            xs_all += [float(t[0]), float(t[1]), None]
+            ys_all += [float(-w[0] * t[0] / w[1]), float(-w[0] * t[1] / w[1]), None]
+        fig.add_trace(
+            go.Scatter(
+                x=xs_all,
+                y=ys_all,
+                mode="lines",
+                name=f"{name} samples",
+                line=dict(color=METHOD_COLORS.get(name, "gray"), width=1),
+                opacity=0.5,
+            )
+        )
+    (ax0, ax1), (ay0, ay1) = R["prob"].x_bounds
+    fig.update_layout(
+        xaxis=dict(range=[ax0, ax1], title="x₁"),
+        yaxis=dict(range=[ay0, ay1], title="x₂"),
+        height=420,
+        margin=dict(l=40, r=10, t=30, b=40),
+    )
+    return fig
+
+
+def two_moons(resolution: int = 40, epochs: int = 40) -> dict[str, Any]:
+    """Train SAM and bSAM on two moons and compute the three predictive maps of the seed's Fig. 6."""
+    if not 1 <= epochs <= 500:
+        raise ValueError(f"epochs must be between 1 and 500, got {epochs}")
+    return figures.moons_results(resolution, epochs)
+
+
+def moons_figure(M: dict[str, Any]) -> go.Figure:
+    methods = list(M["maps"])
+    fig = make_subplots(
+        rows=1,
+        cols=len(methods),
+        subplot_titles=[f"{m}: mean entropy {M['entropy'][m]:.3f}" for m in methods],
+        horizontal_spacing=0.03,
+        shared_yaxes=True,
+    )
+    X, y = M["data"]
+    for j, m in enumerate(methods, start=1):
+        fig.add_trace(
+            go.Contour(
+                x=M["xs"].numpy(),
+                y=M["ys"].numpy(),
+                z=M["maps"][m].numpy(),
+                name=m,
+                colorscale="RdBu_r",
+                zmin=0,
+                zmax=1,
+                showscale=j == len(methods),
+                contours=dict(start=0, end=1, size=0.1),
+            ),
+            row=1,
+            col=j,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=X[:, 0].numpy(),
+                y=X[:, 1].numpy(),
+                mode="markers",
+                showlegend=False,
+                name="data",
+                marker=dict(
+                    size=5,
+                    color=np.where(y.numpy() > 0.5, "red", "blue"),
+                    line=dict(color="black", width=0.5),
+                ),
+            ),
+            row=1,
+            col=j,
+        )
+    fig.update_layout(height=340, margin=dict(l=30, r=10, t=40, b=30))
+    return fig
