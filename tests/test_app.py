@@ -83,6 +83,10 @@ def test_playground_defaults_and_changed_widgets():
     )
     sam_trace = next(d for d in contour["data"] if d.get("name") == "SAM")
     np.testing.assert_allclose(_arr(sam_trace["x"])[-1], float(runs[0].trajectory.path[-1, 0]), rtol=1e-9)
+    # the Fisher-SAM paper's Fig. 2 claim, read off the page's figure: SAM ends in the sharp basin
+    # (mu < 0), Fisher-SAM crosses into the flat one (mu > 0)
+    fsam_trace = next(d for d in contour["data"] if d.get("name") == "FisherSAM")
+    assert _arr(sam_trace["x"])[-1] < 0 < _arr(fsam_trace["x"])[-1]
     # change widgets: another problem, fewer steps, one optimizer
     at.sidebar.selectbox[0].select("himmelblau").run()
     at.multiselect(key="optimizers").set_value(["GD", "SAM"]).run()

@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 
 import optimizers as opt_suite
 import toy_problems as tp
+from toy_problems import figures
 
 # ----------------------------------------------------------------------------------------------
 # optimizer catalogue
@@ -46,7 +47,7 @@ class OptimizerSpec:
 
 
 def _lr(default: float = 0.05) -> Hyper:
-    return Hyper("lr", default, 1e-4, 100.0, help="learning rate of the (base) optimizer")
+    return Hyper("lr", default, 1e-5, 1000.0, help="learning rate of the (base) optimizer")
 
 
 def _rho(default: float = 0.05, high: float = 50.0) -> Hyper:
@@ -147,19 +148,25 @@ def hyper_defaults(name: str, problem: str | None = None) -> dict[str, float]:
 
 # Problem-specific settings: a start point, a step count and hyperparameters on the right scale.
 PROBLEM_SETTINGS: dict[str, dict[str, Any]] = {
+    # Fisher-SAM Fig. 2 setting (toy_problems.figures.FSAM_SETTINGS): SAM ends in the sharp basin,
+    # Fisher-SAM crosses to the flat one
     "gaussian_mixture": {
-        "start": (5.0, 40.0),
-        "steps": 150,
+        "start": figures.FSAM_SETTINGS["fig2_start"],
+        "steps": 300,
         "hypers": {
-            "GD": {"lr": 20.0},
+            "GD": {"lr": 400.0},
             "Adam": {"lr": 0.5},
-            "SAM": {"lr": 20.0, "rho": 3.0},
-            "ASAM": {"lr": 20.0, "rho": 0.3, "eta": 0.01},
-            "FisherSAM": {"lr": 20.0, "rho": 3.0, "eta": 1.0},
-            "RandomSAM": {"lr": 20.0, "rho": 3.0},
-            "MixSAM": {"lr": 20.0, "rho": 3.0},
-            "BayesianSAM": {"lr": 0.05, "rho": 0.5, "prior_precision": 0.0},
-            "SGDTracer": {"lr": 20.0, "rho": 0.05, "delta": 1e-2},
+            "SAM": {"lr": 400.0, "rho": figures.FSAM_SETTINGS["gamma"]},
+            "ASAM": {
+                "lr": 400.0,
+                "rho": figures.FSAM_SETTINGS["gamma"],
+                "eta": figures.FSAM_SETTINGS["asam_eta"],
+            },
+            "FisherSAM": {"lr": 400.0, "rho": figures.FSAM_SETTINGS["gamma"], "eta": 1.0},
+            "RandomSAM": {"lr": 400.0, "rho": 0.2},
+            "MixSAM": {"lr": 400.0, "rho": 0.2},
+            "BayesianSAM": {"lr": 50.0, "rho": 0.05, "prior_precision": 0.0},
+            "SGDTracer": {"lr": 100.0, "rho": 0.01, "delta": 1e-2},
         },
     },
     "rosenbrock": {
