@@ -233,3 +233,46 @@ def test_bayes_distances_and_ellipses_against_direct_computation():
     np.testing.assert_allclose(maha.numpy(), 4.0, rtol=1e-6)  # the 2-sigma ellipse
     with pytest.raises(ValueError, match="unknown method"):
         bayes.logistic(20, {"adam": {"lr": 1.0}})
+
+
+def test_network_page_defaults_and_all_analyses():
+    at = _run("pages/4_Network_landscape.py", timeout=400)
+    _no_errors(at)
+    charts = _charts(at)
+    assert _names(charts[0]) == ["SGD", "SAM"]  # training curves
+    surfaces = [c for c in charts if "contour" in _types(c)]
+    assert len(surfaces) == 2 and all("trajectory" in _names(c) for c in surfaces)
+    at.sidebar.slider[0].set_value(2).run()  # epochs
+    at.sidebar.multiselect[1].set_value(["surface", "spectrum", "sharpness"]).run()
+    _no_errors(at)
+    charts = _charts(at)
+    spectrum = next(c for c in charts if c["layout"].get("yaxis", {}).get("type") == "log")
+    assert _names(spectrum) == ["SGD", "SAM"]
+    tables = at.dataframe
+    assert len(tables) >= 3  # test metrics, spectrum summary, sharpness table
+
+
+def test_network_logic_against_dense_hessian_and_plain_evaluation():
+    from dashboard import network as nw
+
+    from tests import references as ref
+
+    run = nw.train_network("SGD", epochs=1, hidden=8, record_every=5)
+    model = nw.model_of(run)
+    x, y = nw.digits(0)[0]
+    # surface: the centre is the trained model; a random cell equals a plain evaluation
+    s, path = nw.surface_of(run, kind="random", resolution=5)
+    i0, j0 = int(np.argmin(np.abs(s.xs))), int(np.argmin(np.abs(s.ys)))
+    with torch.no_grad():
+        centre = float(torch.nn.functional.cross_entropy(model(x), y))
+    assert math.isclose(float(s.loss[i0, j0]), centre, rel_tol=1e-5)
+    # spectrum: top eigenvalues equal the dense float64 Hessian's
+    sp = nw.spectrum_of(run, k=3, runs=2, lanczos_steps=10)
+    m64 = nw.model_of(run).double()
+    h = ref.dense_hessian(m64, torch.nn.CrossEntropyLoss(), [(x.double(), y)])
+    top = torch.linalg.eigvalsh(h).flip(0)[:3]
+    np.testing.assert_allclose(sp["eigenvalues"], top.numpy(), rtol=1e-4)
+    assert all(sp["converged"])
+    # the PCA plane contains the trajectory's end point at the origin
+    s2, path2 = nw.surface_of(run, kind="pca", resolution=5)
+    np.testing.assert_allclose(path2[-1], 0.0, atol=1e-12)

@@ -65,10 +65,10 @@ def posterior_figure(R: dict[str, Any], n_std: float = 2.0) -> go.Figure:
             y=post.ys.numpy(),
             z=post.density.numpy(),
             name="exact posterior",
-            colorscale="Greys",
+            colorscale=[[0, "white"], [1, "#505050"]],
             showscale=False,
             ncontours=15,
-            contours=dict(coloring="lines"),
+            line=dict(width=0.5),
         )
     )
     fig.add_trace(

@@ -256,7 +256,8 @@ def surface_figure(s: ls.Surface, path: np.ndarray | None, title: str) -> go.Fig
     )
     fig.update_layout(
         title=title,
-        height=420,
+        height=460,
+        legend=dict(orientation="h", y=-0.25),
         xaxis_title="direction 1",
         yaxis_title="direction 2",
         margin=dict(l=40, r=10, t=40, b=40),
