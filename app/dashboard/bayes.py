@@ -120,26 +120,24 @@ def posterior_figure(R: dict[str, Any], n_std: float = 2.0) -> go.Figure:
     return fig
 
 
-def predictive_figure(
-    R: dict[str, Any], methods=("exact", "SAM", "SAM+Laplace", "bSAM", "MFVI")
-) -> go.Figure:
-    """Predictive maps ``p(y=1|x)`` side by side with the data (bSAM seed Fig. 3)."""
-    methods = [m for m in methods if m in R["maps"]]
+def _maps_figure(xs, ys, maps: dict[str, torch.Tensor], data, titles: list[str], height: int) -> go.Figure:
+    """Predictive maps ``p(y=1|x)`` side by side, each with the training data on top."""
     fig = make_subplots(
-        rows=1, cols=len(methods), subplot_titles=methods, horizontal_spacing=0.03, shared_yaxes=True
+        rows=1, cols=len(maps), subplot_titles=titles, horizontal_spacing=0.03, shared_yaxes=True
     )
-    X, y = R["prob"].data
-    for j, m in enumerate(methods, start=1):
+    X, y = data
+    colors = np.where(y.numpy() > 0.5, "red", "blue")
+    for j, (m, p) in enumerate(maps.items(), start=1):
         fig.add_trace(
             go.Contour(
-                x=R["xs"].numpy(),
-                y=R["ys"].numpy(),
-                z=R["maps"][m].numpy(),
+                x=xs.numpy(),
+                y=ys.numpy(),
+                z=p.numpy(),
                 name=m,
                 colorscale="RdBu_r",
                 zmin=0,
                 zmax=1,
-                showscale=j == len(methods),
+                showscale=j == len(maps),
                 contours=dict(start=0, end=1, size=0.1),
             ),
             row=1,
@@ -152,17 +150,21 @@ def predictive_figure(
                 mode="markers",
                 showlegend=False,
                 name="data",
-                marker=dict(
-                    size=5,
-                    color=np.where(y.numpy() > 0.5, "red", "blue"),
-                    line=dict(color="black", width=0.5),
-                ),
+                marker=dict(size=5, color=colors, line=dict(color="black", width=0.5)),
             ),
             row=1,
             col=j,
         )
-    fig.update_layout(height=330, margin=dict(l=30, r=10, t=40, b=30))
+    fig.update_layout(height=height, margin=dict(l=30, r=10, t=40, b=30))
     return fig
+
+
+def predictive_figure(
+    R: dict[str, Any], methods=("exact", "SAM", "SAM+Laplace", "bSAM", "MFVI")
+) -> go.Figure:
+    """Predictive maps ``p(y=1|x)`` side by side with the data (bSAM seed Fig. 3)."""
+    maps = {m: R["maps"][m] for m in methods if m in R["maps"]}
+    return _maps_figure(R["xs"], R["ys"], maps, R["prob"].data, list(maps), height=330)
 
 
 def decision_boundaries_figure(R: dict[str, Any], samples: int = 20, seed: int = 0) -> go.Figure:
@@ -226,46 +228,5 @@ def two_moons(resolution: int = 40, epochs: int = 40) -> dict[str, Any]:
 
 
 def moons_figure(M: dict[str, Any]) -> go.Figure:
-    methods = list(M["maps"])
-    fig = make_subplots(
-        rows=1,
-        cols=len(methods),
-        subplot_titles=[f"{m}: mean entropy {M['entropy'][m]:.3f}" for m in methods],
-        horizontal_spacing=0.03,
-        shared_yaxes=True,
-    )
-    X, y = M["data"]
-    for j, m in enumerate(methods, start=1):
-        fig.add_trace(
-            go.Contour(
-                x=M["xs"].numpy(),
-                y=M["ys"].numpy(),
-                z=M["maps"][m].numpy(),
-                name=m,
-                colorscale="RdBu_r",
-                zmin=0,
-                zmax=1,
-                showscale=j == len(methods),
-                contours=dict(start=0, end=1, size=0.1),
-            ),
-            row=1,
-            col=j,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=X[:, 0].numpy(),
-                y=X[:, 1].numpy(),
-                mode="markers",
-                showlegend=False,
-                name="data",
-                marker=dict(
-                    size=5,
-                    color=np.where(y.numpy() > 0.5, "red", "blue"),
-                    line=dict(color="black", width=0.5),
-                ),
-            ),
-            row=1,
-            col=j,
-        )
-    fig.update_layout(height=340, margin=dict(l=30, r=10, t=40, b=30))
-    return fig
+    titles = [f"{m}: mean entropy {M['entropy'][m]:.3f}" for m in M["maps"]]
+    return _maps_figure(M["xs"], M["ys"], M["maps"], M["data"], titles, height=340)
