@@ -15,7 +15,10 @@ _COMMAND_MODULES = ("landscape.sharpness", "landscape.surface")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m landscape", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m landscape",
+        description="Sharpness measures and loss surfaces of a saved PyTorch model (see COMMAND --help).",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:

@@ -13,3 +13,12 @@ def test_ci_runs_the_readme_test_command():
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert "python -m pytest -q" in test_cmd
     assert test_cmd in ci_lines, f"CI must run the README's test command verbatim: {test_cmd!r}"
+
+
+def test_cli_lists_both_commands_and_needs_one(capsys):
+    from landscape.cli import build_parser, main
+
+    help_text = build_parser().format_help()
+    assert "sharpness" in help_text and "surface" in help_text
+    assert main([]) == 2  # no command: help and a usage error code
+    assert "COMMAND" in capsys.readouterr().out
