@@ -456,25 +456,33 @@ class _Evaluator:
 
     def evaluate(self, points: Sequence[tuple[float, ...]]) -> list[tuple[float, float | None]]:
         out = []
-        obj = self.obj
         for c in points:
             p, b = self._state(c)
             if self.bn_policy == "recompute":
                 self._recompute_bn(p, b)
-            total = torch.zeros((), dtype=obj.dtype, device=obj.device)
-            correct = torch.zeros((), dtype=torch.float64, device=obj.device)
-            classify = self.want_accuracy
-            for x, y, w in self.batches:
-                o = functional_call(self.model, (p, b), self._as_args(x))
-                total = total + w * obj.loss_fn(o, y)
-                if classify:
-                    k = self._num_correct(o, y)
-                    if k is None:
-                        classify = False
-                    else:
-                        correct = correct + k
-            out.append((float(total), float(correct) / obj.num_examples if classify else None))
+            out.append(
+                self._score(
+                    (functional_call(self.model, (p, b), self._as_args(x)), y, w) for x, y, w in self.batches
+                )
+            )
         return out
+
+    def _score(self, outputs) -> tuple[float, float | None]:
+        """Weighted loss and accuracy (None when the targets are not class labels) of the model
+        outputs over the whole data: ``outputs`` yields ``(outputs, targets, batch weight)``."""
+        obj = self.obj
+        total = torch.zeros((), dtype=obj.dtype, device=obj.device)
+        correct = torch.zeros((), dtype=torch.float64, device=obj.device)
+        classify = self.want_accuracy
+        for o, y, w in outputs:
+            total = total + w * obj.loss_fn(o, y)
+            if classify:
+                k = self._num_correct(o, y)
+                if k is None:
+                    classify = False
+                else:
+                    correct = correct + k
+        return float(total), float(correct) / obj.num_examples if classify else None
 
 
 class _LinearFirstEvaluator(_Evaluator):
@@ -571,7 +579,6 @@ class _LinearFirstEvaluator(_Evaluator):
 
     def evaluate(self, points):
         out = []
-        obj = self.obj
         for c in points:
             p = dict(self.rest_p)
             for n, t in _point(self.params, self.dirs, c, self.rest_pnames).items():
@@ -579,24 +586,17 @@ class _LinearFirstEvaluator(_Evaluator):
             b = dict(self.rest_b)
             for n, t in _point(self.buffers, self.dirs, c, self.rest_bnames).items():
                 b[self.rename(n)] = t
-            total = torch.zeros((), dtype=obj.dtype, device=obj.device)
-            correct = torch.zeros((), dtype=torch.float64, device=obj.device)
-            classify = self.want_accuracy
-            for a0, ps, y, w in self.pre:
-                a = a0
-                for ci, pi in zip(c, ps):
-                    if pi is not None:
-                        a = torch.add(a, pi, alpha=ci)
-                o = self._run_rest(a, p, b)
-                total = total + w * obj.loss_fn(o, y)
-                if classify:
-                    k = self._num_correct(o, y)
-                    if k is None:
-                        classify = False
-                    else:
-                        correct = correct + k
-            out.append((float(total), float(correct) / obj.num_examples if classify else None))
+            out.append(self._score(self._outputs(c, p, b)))
         return out
+
+    def _outputs(self, c, p, b):
+        """Model outputs at point ``c``, batch by batch, from the precomputed first-layer terms."""
+        for a0, ps, y, w in self.pre:
+            a = a0
+            for ci, pi in zip(c, ps):
+                if pi is not None:
+                    a = torch.add(a, pi, alpha=ci)
+            yield self._run_rest(a, p, b), y, w
 
 
 class _VmapEvaluator(_Evaluator):
