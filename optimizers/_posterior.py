@@ -64,6 +64,12 @@ def check_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be > 0, got {value!r}")
 
 
+def check_num_data(num_data: Any) -> None:
+    """Raise a ValueError unless ``num_data`` (the training-set size N) is an int ``> 0``."""
+    if not isinstance(num_data, int) or isinstance(num_data, bool) or num_data <= 0:
+        raise ValueError(f"num_data must be a positive int (the training-set size N), got {num_data!r}")
+
+
 def check_closure_loss(loss: Any, who: str) -> torch.Tensor:
     """The closure contract: it must return the loss tensor."""
     if loss is None:

@@ -19,6 +19,7 @@ from optimizers._posterior import (
     DiagonalGaussianPosterior,
     check_closure_loss,
     check_nonneg,
+    check_num_data,
     check_positive,
     resolve_generator,
 )
@@ -102,8 +103,7 @@ class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
         model: nn.Module | None = None,
     ) -> None:
         check_nonneg("lr", lr)
-        if not isinstance(num_data, int) or isinstance(num_data, bool) or num_data <= 0:
-            raise ValueError(f"num_data must be a positive int (the training-set size N), got {num_data!r}")
+        check_num_data(num_data)
         check_nonneg("rho", rho)
         check_nonneg("prior_precision", prior_precision)
         check_nonneg("damping", damping)

@@ -36,7 +36,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from optimizers._posterior import check_nonneg, check_positive, probabilities, resolve_generator
+from optimizers._posterior import (
+    check_nonneg,
+    check_num_data,
+    check_positive,
+    probabilities,
+    resolve_generator,
+)
 from optimizers.sam import SAM
 
 __all__ = ["SWAG", "f_swag", "FlatSGLD"]
@@ -319,8 +325,7 @@ class FlatSGLD(SAM):
         model: nn.Module | None = None,
         m: int = 1,
     ) -> None:
-        if not isinstance(num_data, int) or isinstance(num_data, bool) or num_data <= 0:
-            raise ValueError(f"num_data must be a positive int (the training-set size N), got {num_data!r}")
+        check_num_data(num_data)
         check_nonneg("temperature", temperature)
         check_nonneg("prior_precision", prior_precision)
         check_positive("lr", lr)

@@ -17,6 +17,7 @@ from optimizers._posterior import (
     DiagonalGaussianPosterior,
     check_closure_loss,
     check_nonneg,
+    check_num_data,
     check_positive,
     resolve_generator,
 )
@@ -80,8 +81,7 @@ class MFVI(DiagonalGaussianPosterior, torch.optim.Optimizer):
         **base_kwargs: Any,
     ) -> None:
         check_nonneg("lr", lr)
-        if not isinstance(num_data, int) or isinstance(num_data, bool) or num_data <= 0:
-            raise ValueError(f"num_data must be a positive int (the training-set size N), got {num_data!r}")
+        check_num_data(num_data)
         check_positive("prior_std", prior_std)
         check_positive("init_std", init_std)
         check_nonneg("kl_weight", kl_weight)

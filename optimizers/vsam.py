@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ._perturb import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
-from ._posterior import DiagonalGaussianPosterior, resolve_generator
+from ._posterior import DiagonalGaussianPosterior, check_num_data, resolve_generator
 
 __all__ = ["VariationalSAM"]
 
@@ -81,8 +81,7 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
         check_nonnegative("rho", rho)
         check_nonnegative("sigma_lr", sigma_lr)
         check_nonnegative("kl_weight", kl_weight)
-        if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data <= 0:
-            raise ValueError(f"num_data (number of training examples N) must be an int > 0, got {num_data!r}")
+        check_num_data(num_data)
         if not float(prior_std) > 0:
             raise ValueError(f"prior_std must be > 0, got {prior_std!r}")
         defaults = {
