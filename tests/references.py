@@ -42,6 +42,7 @@ __all__ = [
     "DictInputNet",
     "make_classification_data",
     "split_batches",
+    "matrix_with_spectrum",
 ]
 
 
@@ -305,3 +306,12 @@ def split_batches(x: torch.Tensor, y: torch.Tensor, sizes: Iterable[int]) -> lis
         out.append((x[start : start + s], y[start : start + s]))
         start += s
     return out
+
+
+def matrix_with_spectrum(eigs: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """Dense symmetric float64 matrix ``Q diag(eigs) Q^T`` with a seeded random orthogonal ``Q``."""
+    g = torch.Generator().manual_seed(seed)
+    p = eigs.numel()
+    Q, _ = torch.linalg.qr(torch.randn(p, p, generator=g, dtype=torch.float64))
+    A = (Q * eigs) @ Q.T
+    return 0.5 * (A + A.T)

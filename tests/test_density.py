@@ -11,13 +11,7 @@ import torch  # noqa: E402
 import landscape as ls  # noqa: E402
 from tests import references as ref  # noqa: E402
 
-
-def _matrix(eigs: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    p = eigs.numel()
-    Q, _ = torch.linalg.qr(torch.randn(p, p, generator=g, dtype=torch.float64))
-    A = (Q * eigs) @ Q.T
-    return 0.5 * (A + A.T)
+_matrix = ref.matrix_with_spectrum
 
 
 @pytest.mark.parametrize("reorth", [True, False])

@@ -9,13 +9,7 @@ import torch
 import landscape as ls
 from tests import references as ref
 
-
-def _matrix(eigs: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    p = eigs.numel()
-    Q, _ = torch.linalg.qr(torch.randn(p, p, generator=g, dtype=torch.float64))
-    A = (Q * eigs) @ Q.T
-    return 0.5 * (A + A.T)
+_matrix = ref.matrix_with_spectrum
 
 
 def _power_law(p: int) -> torch.Tensor:
