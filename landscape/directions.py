@@ -191,7 +191,7 @@ def eigen(
         raise TypeError("eigen directions need a landscape.Objective (the Hessian of its loss)")
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
-    from landscape.eigen import eigenvalues  # lazy: the curvature core is optional here
+    from landscape.curvature.eigen import eigenvalues  # lazy: the curvature core is optional here
 
     res = eigenvalues(obj, k=k, which=which, seed=seed, tol=tol, **kwargs)
     vecs = res.vectors

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import landscape as ls
-from landscape.hvp import HVPEngine
-from landscape.operators import FisherOperator, GGNOperator, HessianOperator
+from landscape.curvature import FisherOperator, GGNOperator, HessianOperator
+from landscape.curvature.engines import HVPEngine
 from tests import references as ref
 
 

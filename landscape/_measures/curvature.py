@@ -37,8 +37,8 @@ def lambda_max(
     by restarted Lanczos (``landscape.eigenvalues``) on the Hessian operator. ``k > 1`` also returns
     the top-``k`` in ``extra``. A pair is converged when its true residual is below
     ``tol * |lambda|`` (the smallest: below ``tol * lambda_max``); the flags are in ``extra``."""
-    from landscape.eigen import eigenvalues
-    from landscape.operators import hessian
+    from landscape.curvature import hessian
+    from landscape.curvature.eigen import eigenvalues
 
     check_positive("k", k, integer=True)
     check_positive("tol", tol)
@@ -67,7 +67,7 @@ def lambda_max(
 
 
 def _trace_of(ctx: Ctx, op, method: str, rtol: float, max_matvecs: int, seed: Any) -> dict[str, Any]:
-    from landscape.trace import trace
+    from landscape.curvature.trace import trace
 
     res = trace(op, method=method, rtol=rtol, max_matvecs=max_matvecs, seed=seed)
     ctx.counts["hvp"] += int(op.matvecs)
@@ -84,9 +84,9 @@ def _trace_of(ctx: Ctx, op, method: str, rtol: float, max_matvecs: int, seed: An
 def hessian_trace(
     ctx: Ctx, *, method: str = "hutchpp", rtol: float = 1e-2, max_matvecs: int = 100, seed: int = 0
 ) -> dict[str, Any]:
-    """``Tr H`` with a standard error (Hutchinson / Hutch++ / XTrace, ``landscape.trace``) and the
+    """``Tr H`` with a standard error (Hutchinson / Hutch++ / XTrace, ``landscape.curvature.trace``) and the
     per-parameter average ``Tr(H)/p`` in ``extra``."""
-    from landscape.operators import hessian
+    from landscape.curvature import hessian
 
     return _trace_of(ctx, hessian(ctx.obj), method, rtol, max_matvecs, seed)
 
@@ -96,7 +96,7 @@ def ggn_trace(
 ) -> dict[str, Any]:
     """``Tr G`` of the generalised Gauss-Newton matrix ``sum_k w_k J_k^T H_out J_k`` (randomised
     trace estimator with a standard error; ``method="exact"`` for ``p`` matvecs)."""
-    from landscape.operators import ggn
+    from landscape.curvature import ggn
 
     return _trace_of(ctx, ggn(ctx.obj), method, rtol, max_matvecs, seed)
 
@@ -114,7 +114,7 @@ def fisher_trace(
     ``kind="empirical"``: ``Tr F_emp = c sum_n ||grad loss(f(x_n), y_n)||^2`` (deterministic; FSAM
     seed eq. 11 summed over parameters). ``kind="mc"``: the Monte-Carlo Fisher
     ``c sum_n ||grad loss(f(x_n), y~_n)||^2`` with labels ``y~`` drawn from the model's predictive
-    distribution (``landscape.operators.sample_targets``: categorical / unit-variance Gaussian /
+    distribution (``landscape.curvature.fisher.sample_targets``: categorical / unit-variance Gaussian /
     Bernoulli), averaged over ``samples`` draws; the standard error is over the draws.
     ``c = 1/N`` (mean reduction) or ``1`` (sum).
     """
@@ -123,7 +123,7 @@ def fisher_trace(
         value = float(per_example_gradients(ctx).sum())
         extra = {"trace_per_param": value / ctx.p}
         return {"value": value, "stderr": None, "config": {"kind": kind}, "extra": extra}
-    from landscape.operators import _infer_likelihood, sample_targets
+    from landscape.curvature.fisher import _infer_likelihood, sample_targets
 
     check_positive("samples", samples, integer=True)
     if samples < 2:

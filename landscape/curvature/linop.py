@@ -3,9 +3,9 @@
 The eigen/trace/density routines accept
 
 * any *linear operator*: an object with ``.shape == (p, p)``, ``.dtype``, ``.device`` and
-  ``matmat(V [p, k]) -> [p, k]`` (e.g. :class:`landscape.operators.CurvatureOperator`);
+  ``matmat(V [p, k]) -> [p, k]`` (e.g. :class:`landscape.curvature.CurvatureOperator`);
 * a dense symmetric ``torch.Tensor`` (or numpy array) of shape ``[p, p]``;
-* a :class:`landscape.Objective`, meaning its Hessian (``landscape.operators.hessian``, imported
+* a :class:`landscape.Objective`, meaning its Hessian (``landscape.curvature.hessian``, imported
   lazily so that this module does not depend on the operator module).
 
 :func:`as_linop` wraps any of them in a :class:`LinOp` that computes in float64 (inputs are cast to
@@ -116,7 +116,7 @@ def as_linop(op: Any, *, device: str | torch.device | None = None) -> LinOp:
         dev = getattr(op, "device", "cpu")
         return LinOp(op.matmat, shape[0], dtype, torch.device(dev), type(op).__name__, base=op)
     if is_objective(op):
-        from landscape.operators import hessian  # lazy: the operator module is optional here
+        from landscape.curvature.hessian import hessian  # lazy: the operator module is optional here
 
         return as_linop(hessian(op))
     raise TypeError(
@@ -190,7 +190,7 @@ def blocks(op: Any, per_layer: bool | Mapping[str, int]) -> dict[str, Any]:
         )
     names = list(obj.param_names)
     if is_objective(op):
-        from landscape.operators import hessian
+        from landscape.curvature.hessian import hessian
 
         return {n: hessian(obj.subset([n])) for n in names}
     base = op.base if isinstance(op, LinOp) else op

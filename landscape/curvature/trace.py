@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from landscape._linop import as_linop, blocks, make_generator, rademacher, seed_config
+from landscape.curvature.linop import as_linop, blocks, make_generator, rademacher, seed_config
 from landscape.results import Result
 
 __all__ = ["TraceResult", "DiagonalResult", "trace", "diagonal"]

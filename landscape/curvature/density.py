@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from landscape._linop import as_linop, make_generator, rademacher, seed_config
+from landscape.curvature.linop import as_linop, make_generator, rademacher, seed_config
 from landscape.results import Result
 
 __all__ = ["DensityResult", "spectral_density"]

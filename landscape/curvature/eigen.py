@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from landscape._linop import as_linop, blocks, gaussian, make_generator, seed_config
+from landscape.curvature.linop import as_linop, blocks, gaussian, make_generator, seed_config
 from landscape.results import Result
 
 __all__ = ["EigenResult", "eigenvalues", "power_iteration"]
@@ -163,7 +163,8 @@ def eigenvalues(
         v0: optional start vector(s) ``[p]`` or ``[p, b]``.
         return_vectors: keep the ``[p, k]`` eigenvectors in the result.
         per_layer: ``True`` (Objective, or operator built from one) or ``{name: size}``: return a
-            dict ``name -> EigenResult`` for the diagonal blocks (see :func:`landscape._linop.blocks`).
+            dict ``name -> EigenResult`` for the diagonal blocks (see
+            :func:`landscape.curvature.linop.blocks`).
         progress: show a tqdm bar over matvecs.
 
     Returns:

@@ -33,7 +33,7 @@ from torch.func import jvp, vmap
 
 from landscape.objective import Objective
 
-__all__ = ["HVPEngine", "hvp", "ENGINES"]
+__all__ = ["HVPEngine", "ENGINES"]
 
 ENGINES = ("auto", "forward_over_reverse", "double_backward", "finite_difference")
 
@@ -228,21 +228,3 @@ class HVPEngine:
             gm = self._grad_at(obj.unflatten(theta - h * v))
             out[:, j] = (gp - gm) / (2 * h)
         return out
-
-
-def hvp(
-    objective: Objective,
-    v: torch.Tensor,
-    params: Any = None,
-    *,
-    engine: str = "auto",
-    chunk_size: int | None = 32,
-) -> torch.Tensor:
-    """One-off Hessian-vector product ``H v`` (``v``: ``[p]`` or ``[p, k]``) of the whole-dataset loss.
-
-    For repeated products build an operator once (``landscape.hessian(obj)``): it caches the graph.
-    """
-    from landscape.operators import HessianOperator
-
-    op = HessianOperator(objective, params=params, engine=engine, chunk_size=chunk_size, cache_graph=False)
-    return op @ v

@@ -1,0 +1,44 @@
+"""Curvature of an :class:`~landscape.Objective`: matrix-free operators and their spectra.
+
+* ``engines``: Hessian-vector product engines (forward-over-reverse, double backward, finite
+  differences);
+* ``base``: :class:`CurvatureOperator`, the one base class of every operator;
+* ``hessian``, ``ggn``, ``fisher``: the Hessian, generalised Gauss-Newton, empirical and Monte-Carlo
+  Fisher operators;
+* ``linop``: what the spectral estimators accept (operators, dense matrices, objectives);
+* ``eigen``, ``trace``, ``density``: Lanczos eigenvalues, trace/diagonal estimators with error bars,
+  and stochastic Lanczos quadrature.
+"""
+
+from landscape.curvature.base import CurvatureOperator
+from landscape.curvature.density import DensityResult, spectral_density
+from landscape.curvature.eigen import EigenResult, eigenvalues, power_iteration
+from landscape.curvature.engines import ENGINES, HVPEngine
+from landscape.curvature.fisher import EmpiricalFisherOperator, FisherOperator, empirical_fisher, fisher
+from landscape.curvature.ggn import GGNOperator, ggn
+from landscape.curvature.hessian import HessianOperator, hessian, hvp
+from landscape.curvature.trace import DiagonalResult, TraceResult, diagonal, trace
+
+__all__ = [
+    "ENGINES",
+    "CurvatureOperator",
+    "DensityResult",
+    "DiagonalResult",
+    "EigenResult",
+    "EmpiricalFisherOperator",
+    "FisherOperator",
+    "GGNOperator",
+    "HVPEngine",
+    "HessianOperator",
+    "TraceResult",
+    "diagonal",
+    "eigenvalues",
+    "empirical_fisher",
+    "fisher",
+    "ggn",
+    "hessian",
+    "hvp",
+    "power_iteration",
+    "spectral_density",
+    "trace",
+]

@@ -1,0 +1,147 @@
+"""Curvature matrices of an :class:`~landscape.objective.Objective` as matrix-free linear operators.
+
+All operators are ``p x p`` symmetric matrices at a fixed point ``theta`` (the objective's current
+parameters when the operator is built, or ``params=``), for the whole-dataset loss
+``L = sum_b w_b l(f(X_b), y_b)`` with ``w_b = |B_b|/N`` (mean) or ``1`` (sum):
+
+* Hessian ``H = d^2 L / d theta^2`` (:class:`HessianOperator`, engines in ``landscape.curvature.engines``).
+* Generalised Gauss-Newton ``G = sum_b w_b J_b^T H_out,b J_b`` with ``J_b = df(X_b)/dtheta`` and
+  ``H_out,b = d^2 l / d f^2`` obtained by autodiff, so any twice-differentiable loss works
+  (Schraudolph 2002, "Fast curvature matrix-vector products", eq. 8; Martens 2020, "New insights
+  and perspectives on the natural gradient method", Sec. 8).
+* Empirical Fisher ``F_emp = c sum_n g_n g_n^T``, ``g_n`` the gradient of the loss of example ``n``
+  alone (same reduction), ``c = 1/N`` (mean) or ``1`` (sum) (Kunstner et al. 2019, "Limitations of
+  the empirical Fisher approximation", eq. 3).
+* Monte-Carlo Fisher ``F_MC = (c/S) sum_n sum_s g_n(yhat_ns) g_n(yhat_ns)^T`` with labels
+  ``yhat_ns`` drawn from the model's predictive distribution (Martens 2020, Sec. 9.2; Kunstner et
+  al. 2019, eq. 2).  For cross-entropy ``E_yhat[g g^T] = J^T (diag(p) - p p^T) J = J^T H_out J``,
+  so ``F_MC -> G`` as ``S -> infinity``; the same holds for ``BCEWithLogitsLoss`` with one logit.
+
+Every operator exposes ``shape``, ``dtype``, ``device``, ``@``, ``matvec``, ``matmat``, ``to_scipy``,
+``to_dense``, ``objective``, ``matvecs`` (count of matrix-vector products) and ``config()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from landscape.objective import Objective
+
+
+class CurvatureOperator:
+    """Base class: a symmetric ``p x p`` curvature matrix at a fixed point, applied matrix-free.
+
+    Subclasses implement ``_matmat(V) -> [p, k]`` on the local data; the base class validates the
+    input, restores the model's train/eval flags (products only ever see private copies of
+    parameters and buffers, so the model itself cannot change), sums over data-parallel ranks
+    and counts products.
+    """
+
+    name = "curvature"
+
+    def __init__(self, objective: Objective, params: Any = None) -> None:
+        if not isinstance(objective, Objective):
+            raise TypeError(f"expected a landscape.Objective, got {type(objective).__name__}")
+        self.objective = objective
+        full = objective._merge(params)
+        # private copies: products never touch (or alias) the caller's parameters
+        self._theta = {n: full[n].detach().clone() for n in objective.param_names}
+        self._frozen = {n: t.detach().clone() for n, t in full.items() if n not in self._theta}
+        p = objective.num_params
+        self.shape = (p, p)
+        self.dtype = objective.dtype
+        self.device = objective.device
+        self.matvecs = 0
+
+    # ------------------------------------------------------------------ to implement
+    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _extra_config(self) -> dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------------ shared helpers
+    def _split(self, V: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``[p, k]`` -> dict name -> ``[k, *shape]``."""
+        obj = self.objective
+        out, off = {}, 0
+        for n, shape, numel in zip(obj.param_names, obj.param_shapes, obj._numels):
+            out[n] = V[off : off + numel].T.reshape(V.shape[1], *shape)
+            off += numel
+        return out
+
+    def _join(self, d: dict[str, torch.Tensor], k: int) -> torch.Tensor:
+        """dict name -> ``[k, *shape]`` -> ``[k, p]``."""
+        return torch.cat([d[n].reshape(k, -1) for n in self.objective.param_names], dim=1)
+
+    def _full(self, sel: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**self._frozen, **sel}
+
+    # ------------------------------------------------------------------ public
+    def matmat(self, V: torch.Tensor) -> torch.Tensor:
+        """``A @ V`` for ``V`` of shape ``[p, k]`` (summed over ranks under torch.distributed)."""
+        p = self.shape[0]
+        if not isinstance(V, torch.Tensor):
+            raise TypeError(f"expected a torch.Tensor of shape [{p}, k], got {type(V).__name__}")
+        if V.ndim != 2 or V.shape[0] != p:
+            raise ValueError(
+                f"expected a block of shape [{p}, k] (the operator is {p} x {p}), got {tuple(V.shape)}"
+            )
+        V = V.to(device=self.device, dtype=self.dtype)
+        if V.shape[1] == 0:
+            return V.clone()
+        # Products run on private parameter copies and buffer copies (``objective.buffers()``) and
+        # never call ``.backward`` on the model, so only the train/eval flags need restoring: a full
+        # ``guard()`` snapshot per product would cost a copy of the model every time.
+        with self.objective._evaluating():
+            out = self._matmat(V)
+        out = self.objective._all_reduce(out)
+        self.matvecs += V.shape[1]
+        return out
+
+    def matvec(self, v: torch.Tensor) -> torch.Tensor:
+        """``A @ v`` for ``v`` of shape ``[p]``."""
+        p = self.shape[0]
+        if not isinstance(v, torch.Tensor) or v.ndim != 1 or v.shape[0] != p:
+            got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise ValueError(f"expected a vector of shape [{p}] (the operator is {p} x {p}), got {got}")
+        return self.matmat(v.reshape(-1, 1)).reshape(-1)
+
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
+        if isinstance(v, torch.Tensor) and v.ndim == 1:
+            return self.matvec(v)
+        return self.matmat(v)
+
+    def to_scipy(self):
+        """A ``scipy.sparse.linalg.LinearOperator`` (float64 numpy in and out)."""
+        from scipy.sparse.linalg import LinearOperator
+
+        def mv(x: np.ndarray) -> np.ndarray:
+            t = torch.as_tensor(np.asarray(x, dtype=np.float64).reshape(-1))
+            return self.matvec(t).detach().to("cpu", torch.float64).numpy()
+
+        def mm(X: np.ndarray) -> np.ndarray:
+            t = torch.as_tensor(np.asarray(X, dtype=np.float64))
+            return self.matmat(t).detach().to("cpu", torch.float64).numpy()
+
+        return LinearOperator(self.shape, matvec=mv, rmatvec=mv, matmat=mm, dtype=np.float64)
+
+    def to_dense(self, chunk_size: int = 64) -> torch.Tensor:
+        """The full ``p x p`` matrix, ``chunk_size`` columns at a time (``p`` products)."""
+        p = self.shape[0]
+        out = torch.empty(p, p, dtype=self.dtype, device=self.device)
+        for start in range(0, p, chunk_size):
+            stop = min(p, start + chunk_size)
+            E = torch.zeros(p, stop - start, dtype=self.dtype, device=self.device)
+            E[torch.arange(start, stop), torch.arange(stop - start)] = 1.0
+            out[:, start:stop] = self.matmat(E)
+        return out
+
+    def config(self) -> dict[str, Any]:
+        return {"operator": self.name, "objective": self.objective.config(), **self._extra_config()}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}, device={self.device})"
