@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
-from landscape._io import atomic_write_json  # noqa: E402
+from landscape.io import atomic_write_json  # noqa: E402
 
 RESULTS_DIR = ROOT / "results"
 

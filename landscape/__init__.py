@@ -11,7 +11,9 @@ Public API::
     ls.data.load_digits(); ls.models.model_factory("mlp")           # data.py, models.py
 """
 
-from landscape import data, directions, models, trajectory
+import sys as _sys
+
+from landscape import data, models
 from landscape.curvature import (
     CurvatureOperator,
     DensityResult,
@@ -32,7 +34,7 @@ from landscape.curvature import (
 from landscape.objective import Objective
 from landscape.results import Result, load_result
 from landscape.sharpness import MEASURES, SharpnessResult, sharpness, sharpness_report
-from landscape.surface import Surface, load_surface, surface
+from landscape.surface import Surface, directions, load_surface, surface, trajectory
 
 __all__ = [
     "MEASURES",
@@ -67,3 +69,8 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# ``landscape.directions`` and ``landscape.trajectory`` live in ``landscape.surface``; these aliases
+# keep ``import landscape.directions`` / ``from landscape.trajectory import ...`` working.
+_sys.modules.setdefault("landscape.directions", directions)
+_sys.modules.setdefault("landscape.trajectory", trajectory)

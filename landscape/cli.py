@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Sequence
 
 # modules that may register sub-commands, in the order they appear in --help
-_COMMAND_MODULES = ("landscape.sharpness", "landscape.surface")
+_COMMAND_MODULES = ("landscape.sharpness.cli", "landscape.surface.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

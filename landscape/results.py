@@ -16,7 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from landscape._io import atomic_write_json, to_jsonable
+from landscape.io import atomic_write_json, to_jsonable
 
 R = TypeVar("R", bound="Result")
 

@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"digits, 64-64-10 tanh MLP, {epochs} epochs, seed {args.seed}")
     print(format_table(rows))
     if args.out:
-        from landscape._io import atomic_write_json
+        from landscape.io import atomic_write_json
 
         atomic_write_json(args.out, {"epochs": epochs, "seed": args.seed, "results": rows})
     return 0

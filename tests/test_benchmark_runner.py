@@ -24,7 +24,7 @@ def test_atomic_write_keeps_old_file_on_error_and_uses_normal_permissions(tmp_pa
 
     import pytest
 
-    from landscape._io import atomic_write, atomic_write_text
+    from landscape.io import atomic_write, atomic_write_text
 
     path = tmp_path / "r.json"
     atomic_write_text(path, "old")

@@ -10,7 +10,7 @@ from torch import nn
 from landscape import directions as D
 from landscape.models import train
 from landscape.objective import Objective
-from landscape.trajectory import TrajectoryRecorder, project
+from landscape.surface.trajectory import TrajectoryRecorder, project
 from tests.references import dense_hessian, make_classification_data, make_cnn_bn, make_mlp, split_batches
 
 

@@ -480,7 +480,7 @@ def test_directional_closed_form_and_filter_normalisation():
     assert r.extra["max"] == pytest.approx(max(rises), rel=1e-12)
     assert r.stderr == pytest.approx(float(np.std(rises, ddof=1) / math.sqrt(3)), rel=1e-10)
     # filter normalisation: every filter of d has the norm of the weights' filter, biases zero
-    from landscape._measures.perturb import filter_normalized_direction
+    from landscape.sharpness.average_case import filter_normalized_direction
 
     model, batches, obj = mlp_problem()
     d = obj.unflatten(filter_normalized_direction(obj, obj.flat_params(), torch.Generator().manual_seed(0)))

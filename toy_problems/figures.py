@@ -86,20 +86,20 @@ def _plt():
 
 
 def _save_png(fig, path: Path) -> None:
-    from landscape._io import atomic_write
+    from landscape.io import atomic_write
 
     atomic_write(path, lambda p: fig.savefig(p, dpi=DPI, format="png", bbox_inches="tight"))
     _plt().close(fig)
 
 
 def _save_json(obj: dict, path: Path) -> None:
-    from landscape._io import atomic_write_json
+    from landscape.io import atomic_write_json
 
     atomic_write_json(path, obj)
 
 
 def _save_html(fig, path: Path) -> None:
-    from landscape._io import atomic_write_text
+    from landscape.io import atomic_write_text
 
     atomic_write_text(path, fig.to_html(include_plotlyjs="cdn", full_html=True))
 

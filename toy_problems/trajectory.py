@@ -43,7 +43,7 @@ class Trajectory:
     config: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        from landscape._io import to_jsonable
+        from landscape.io import to_jsonable
 
         return {
             "path": to_jsonable(self.path),

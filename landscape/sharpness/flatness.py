@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from landscape._measures._common import Ctx, check_choice, check_positive, make_generator
-from landscape._measures.perturb import _solve
+from landscape.sharpness.common import Ctx, check_choice, check_positive, make_generator
+from landscape.sharpness.worst_case import _solve
 
 
 def _criterion(ctx: Ctx, criterion: str) -> tuple[str, Callable[[torch.Tensor | None], float]]:

@@ -199,7 +199,7 @@ def project(
         :class:`Projection` with ``coords [T, k]`` and the residual norms (how far each point lies
         off the plane; zero for a trajectory inside it).
     """
-    from landscape.directions import _trajectory_matrix, named_parameters_of
+    from landscape.surface.directions import _trajectory_matrix, named_parameters_of
 
     mat, names, shapes = _trajectory_matrix(trajectory)
     D = _direction_matrix(directions, names, shapes)

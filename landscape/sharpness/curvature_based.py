@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from landscape._measures._common import (
+from landscape.sharpness.common import (
     Ctx,
     check_choice,
     check_positive,

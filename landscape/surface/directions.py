@@ -241,7 +241,7 @@ def _trajectory_matrix(trajectory: Any) -> tuple[torch.Tensor, list[str], list[t
         mat = torch.stack([torch.cat([it[n].double().cpu().reshape(-1) for n in names]) for it in items])
         return mat, names, shapes
     raise TypeError(
-        "trajectory must be a landscape.trajectory.Trajectory(-Recorder) or a non-empty list of "
+        "trajectory must be a landscape.surface.trajectory.Trajectory(-Recorder) or a non-empty list of "
         "models / dicts name -> tensor"
     )
 
