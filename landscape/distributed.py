@@ -28,7 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from landscape.objective import Objective, _is_single_batch, _map_inputs
+from landscape.inputs import _is_single_batch, _map_inputs
+from landscape.objective import Objective
 
 __all__ = ["DistributedObjective", "shard", "all_reduce_sum"]
 

@@ -26,55 +26,20 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from landscape.guard import model_guard
+from landscape.inputs import (
+    Inputs,
+    _as_args,
+    _is_inputs,
+    _is_single_batch,
+    _map_inputs,
+    _num_correct,
+    _tensors,
+)
+
 __all__ = ["Objective"]
 
-Inputs = torch.Tensor | tuple | dict
 ParamSelection = None | str | Sequence[str] | nn.Module | Sequence[nn.Module] | Callable[[str], bool]
-
-
-# --------------------------------------------------------------------------------------------
-# small helpers on (possibly nested) inputs
-# --------------------------------------------------------------------------------------------
-def _is_inputs(x: Any) -> bool:
-    if isinstance(x, torch.Tensor):
-        return True
-    if isinstance(x, Mapping):
-        return len(x) > 0 and all(isinstance(v, torch.Tensor) for v in x.values())
-    if isinstance(x, (tuple, list)):
-        return len(x) > 0 and all(isinstance(v, torch.Tensor) for v in x)
-    return False
-
-
-def _is_single_batch(data: Any) -> bool:
-    return (
-        isinstance(data, (tuple, list))
-        and len(data) == 2
-        and isinstance(data[1], torch.Tensor)
-        and _is_inputs(data[0])
-    )
-
-
-def _tensors(inputs: Inputs) -> list[torch.Tensor]:
-    if isinstance(inputs, torch.Tensor):
-        return [inputs]
-    if isinstance(inputs, Mapping):
-        return list(inputs.values())
-    return list(inputs)
-
-
-def _map_inputs(inputs: Inputs, fn: Callable[[torch.Tensor], torch.Tensor]) -> Inputs:
-    if isinstance(inputs, torch.Tensor):
-        return fn(inputs)
-    if isinstance(inputs, Mapping):
-        return {k: fn(v) for k, v in inputs.items()}
-    return tuple(fn(v) for v in inputs)
-
-
-def _as_args(inputs: Inputs) -> tuple:
-    """Positional arguments of the forward call: a tuple of tensors is unpacked, anything else is one."""
-    if isinstance(inputs, (tuple, list)):
-        return tuple(inputs)
-    return (inputs,)
 
 
 # --------------------------------------------------------------------------------------------
@@ -533,63 +498,8 @@ class Objective:
     def guard(self) -> Iterator[None]:
         """Snapshot parameters, buffers, ``.grad``, ``requires_grad`` and modes; restore bit-exactly.
 
-        Restores also when the body raises; the model is additionally put into the objective's
-        mode for the duration of the block.  A tensor is written back only if it was modified
-        (its version counter, storage or dtype changed), so the guard costs one copy of the model.
+        Restores also when the body raises (:func:`landscape.guard.model_guard`); the model is
+        additionally put into the objective's mode for the duration of the block.
         """
-
-        def sig(t: torch.Tensor) -> tuple:
-            return (t._version, t.data_ptr(), t.dtype, t.shape)
-
-        model = self.model
-        with torch.no_grad():
-            params = []
-            for p in self._all_param_objs:
-                g = p.grad
-                saved_g = None if g is None else (g, g.detach().clone(), sig(g))
-                params.append((p, p.detach().clone(), sig(p), p.requires_grad, saved_g))
-            buffers = [(b, b.detach().clone(), sig(b)) for b in model.buffers()]
-            flags = [(m, m.training) for m in self._modules]
-        try:
-            with self._evaluating():
-                yield
-        finally:
-            with torch.no_grad():
-                for p, saved, s, rg, saved_g in params:
-                    if p.requires_grad != rg:
-                        p.requires_grad_(rg)
-                    _restore(p, saved, s, sig)
-                    if saved_g is None:
-                        if p.grad is not None:
-                            p.grad = None
-                    else:
-                        g_obj, g_saved, gs = saved_g
-                        if p.grad is not g_obj:
-                            p.grad = g_obj
-                        _restore(g_obj, g_saved, gs, sig)
-                for b, saved, s in buffers:
-                    _restore(b, saved, s, sig)
-                for m, f in flags:
-                    if m.training != f:
-                        m.training = f
-
-
-def _restore(t: torch.Tensor, saved: torch.Tensor, s: tuple, sig: Callable) -> None:
-    if sig(t) == s:
-        return
-    if t.dtype != saved.dtype or t.shape != saved.shape or t.data_ptr() != s[1]:
-        t.data = saved
-    else:
-        t.copy_(saved)
-
-
-def _num_correct(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-    """Number of correct predictions for class labels or 0/1 targets, ``None`` if not classification."""
-    if not torch.is_floating_point(y) and out.ndim == 2 and out.shape[1] > 1 and y.ndim == 1:
-        return (out.argmax(dim=1) == y).sum().to(torch.float64)
-    logits = out.reshape(-1) if out.ndim >= 1 and out.numel() == y.numel() else None
-    if logits is not None and (out.ndim == 1 or out.shape[-1] == 1):
-        yy = y.reshape(-1)
-        if bool(((yy == 0) | (yy == 1)).all()):
-            return ((logits > 0).to(yy.dtype) == yy).sum().to(torch.float64)
-    return None
+        with model_guard(self.model, self._all_param_objs, self._modules), self._evaluating():
+            yield

@@ -10,7 +10,8 @@ from torch.func import grad as func_grad
 from torch.func import vmap
 
 from landscape.curvature.base import CurvatureOperator
-from landscape.objective import Objective, _map_inputs
+from landscape.inputs import _map_inputs
+from landscape.objective import Objective
 
 
 # --------------------------------------------------------------------------------------------

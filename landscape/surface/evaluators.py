@@ -61,7 +61,7 @@ class _Evaluator:
     want_accuracy = True
 
     def __init__(self, obj, dirs, bn_policy: str):
-        from landscape.objective import _as_args, _num_correct
+        from landscape.inputs import _as_args, _num_correct
 
         self.obj = obj
         self.model = obj.model
