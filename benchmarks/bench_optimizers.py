@@ -9,7 +9,7 @@ the table reports the median wall time per step and two ratios:
   close to 1x; G-TRACER needs a double backward (``exact``) or a second gradient (``fd``).
 * ``vs_ref_sam``: step time / step time of ``ReferenceSAM`` below, a straightforward two-pass SAM
   (per-parameter loops, ``first_step``/``second_step``) written here as the anchor for the
-  overhead of the shared machinery in ``optimizers._perturb`` (bit-exact restore, m-sharpness,
+  overhead of the shared machinery in ``optimizers.perturbation`` (bit-exact restore, m-sharpness,
   diagnostics in ``opt.last``).
 
 ``min_*`` columns use the fastest of the interleaved repeats (robust on a shared, loaded machine).

@@ -3,19 +3,34 @@
 Every optimizer is stepped the same way::
 
     loss = opt.step(closure)   # closure: zero_grad, forward, backward, return loss
+
+* :mod:`optimizers.sam`: SAM, ASAM, Fisher-SAM, Random/Mix-SAM, Variational SAM;
+* :mod:`optimizers.bayes`: MFVI, Bayesian-SAM, G-TRACER, SWAG/F-SWAG, F-SGLD;
+* :mod:`optimizers.perturbation`: the perturb -> closure -> restore -> base-step machinery;
+* :mod:`optimizers.posterior`: the diagonal-Gaussian posterior API and Bayesian model averaging.
 """
 
-# --- SAM family (two-pass perturb-then-descend) ---
-from ._perturb import bn_update_disabled, make_closure  # noqa: E402,F401
-from .fisher_sam import FisherSAM  # noqa: E402,F401
-from .random_sam import MixSAM, RandomSAM  # noqa: E402,F401
-from .sam import ASAM, SAM  # noqa: E402,F401
-from .vsam import VariationalSAM  # noqa: E402,F401
+from optimizers.bayes import MFVI, SWAG, AdamTracer, BayesianSAM, FlatSGLD, SGDTracer, f_swag
+from optimizers.perturbation import bn_update_disabled, make_closure
+from optimizers.posterior import DiagonalGaussianPosterior, bayesian_model_average
+from optimizers.sam import ASAM, SAM, FisherSAM, MixSAM, RandomSAM, VariationalSAM
 
-# --- Bayesian / second-order (MFVI, bSAM, G-TRACER, flat-seeking) ---
-# isort: split
-from ._posterior import DiagonalGaussianPosterior, bayesian_model_average  # noqa: E402,F401
-from .bsam import BayesianSAM  # noqa: E402,F401
-from .flat_bayes import SWAG, FlatSGLD, f_swag  # noqa: E402,F401
-from .mfvi import MFVI  # noqa: E402,F401
-from .tracer import AdamTracer, SGDTracer  # noqa: E402,F401
+__all__ = [
+    "ASAM",
+    "MFVI",
+    "SAM",
+    "SWAG",
+    "AdamTracer",
+    "BayesianSAM",
+    "DiagonalGaussianPosterior",
+    "FisherSAM",
+    "FlatSGLD",
+    "MixSAM",
+    "RandomSAM",
+    "SGDTracer",
+    "VariationalSAM",
+    "bayesian_model_average",
+    "bn_update_disabled",
+    "f_swag",
+    "make_closure",
+]

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from optimizers import metrics
+from landscape import metrics
 
 __all__ = ["SUITE", "load_data", "make_model", "train_one", "run_demo", "format_table", "main"]
 
@@ -40,7 +40,7 @@ class Spec:
 
 def _suite() -> dict[str, Spec]:
     import optimizers as O
-    from optimizers.flat_bayes import FlatSGLD, f_swag
+    from optimizers.bayes import FlatSGLD, f_swag
 
     sgd = dict(lr=0.1, momentum=0.9, weight_decay=5e-4)
     p = lambda m: m.parameters()  # noqa: E731

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.func import grad
 
 from optimizers import MFVI, BayesianSAM, bayesian_model_average
-from optimizers._perturb import make_closure
+from optimizers.perturbation import make_closure
 from tests.references import flatten_params, make_classification_data, make_mlp, total_loss_fn
 
 MODELS = {"logreg": (4, 3), "mlp": (4, 6, 3)}

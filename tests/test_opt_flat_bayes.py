@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.func import grad
 
 from optimizers import SAM
-from optimizers.flat_bayes import SWAG, FlatSGLD, f_swag
+from optimizers.bayes import SWAG, FlatSGLD, f_swag
 from tests.references import flatten_params, make_classification_data, make_mlp, total_loss_fn
 
 

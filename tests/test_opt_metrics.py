@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from optimizers.metrics import accuracy, ece, nll
+from landscape.metrics import accuracy, ece, nll
 
 
 def test_metrics_hand_computed():

@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from optimizers import ASAM, SAM, FisherSAM, MixSAM, RandomSAM, VariationalSAM, bn_update_disabled
-from optimizers._perturb import global_norm, make_closure
+from optimizers.perturbation import global_norm, make_closure
 from tests.references import UnusedParamNet, make_classification_data, make_cnn_bn, make_mlp
 
 DT = torch.float64

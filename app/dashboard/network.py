@@ -21,7 +21,7 @@ from torch import nn
 
 import landscape as ls
 import optimizers as opt_suite
-from optimizers import metrics
+from landscape import metrics
 
 # optimizer name -> (factory(params, lr, rho, num_data), default lr, default rho)
 NETWORK_OPTIMIZERS: dict[str, tuple[Callable[..., torch.optim.Optimizer], float, float]] = {

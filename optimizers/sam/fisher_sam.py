@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._perturb import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
+from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
 
 __all__ = ["FisherSAM"]
 

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._perturb import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
-from ._posterior import DiagonalGaussianPosterior, check_num_data, resolve_generator
+from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
+from optimizers.posterior import DiagonalGaussianPosterior, check_num_data, resolve_generator
 
 __all__ = ["VariationalSAM"]
 
@@ -44,7 +44,7 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
     ``num_data`` ``sigma`` grows by ``~sigma_lr/(N sigma)`` per step at first.
 
     The posterior ``N(mu, Sigma)`` is exposed through the
-    :class:`optimizers._posterior.DiagonalGaussianPosterior` API: :meth:`posterior_std`,
+    :class:`optimizers.posterior.DiagonalGaussianPosterior` API: :meth:`posterior_std`,
     :meth:`sample` (context manager, bit-exact restore) and :meth:`bayesian_model_average`.
 
     Args:

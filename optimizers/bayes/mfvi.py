@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from optimizers._posterior import (
+from optimizers.posterior import (
     DiagonalGaussianPosterior,
     check_closure_loss,
     check_nonneg,

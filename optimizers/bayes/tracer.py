@@ -55,8 +55,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from optimizers._perturb import bn_restore, bn_snapshot
-from optimizers._posterior import check_closure_loss, check_nonneg, check_positive
+from optimizers.perturbation import bn_restore, bn_snapshot
+from optimizers.posterior import check_closure_loss, check_nonneg, check_positive
 
 __all__ = ["SGDTracer", "AdamTracer", "TracerBase"]
 

@@ -37,7 +37,7 @@ Used by :class:`optimizers.MFVI`, :class:`optimizers.BayesianSAM` and the SAM fa
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -201,4 +201,52 @@ def bayesian_model_average(
         for m, mode in was_training.items():
             m.training = mode
     assert total is not None
+    return total / count
+
+
+# --------------------------------------------------------------------------------------------
+# averaging predictions over sampled weights (SWAG, F-SGLD)
+# --------------------------------------------------------------------------------------------
+def _forward(model: nn.Module, inputs: Any) -> torch.Tensor:
+    out = model(inputs)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"model(inputs) must return a logits tensor, got {type(out).__name__}")
+    return out
+
+
+@contextlib.contextmanager
+def _weights_set_to(params: list[torch.Tensor], flat: torch.Tensor) -> Iterator[None]:
+    """Temporarily write a flat vector into ``params``; restore the old values bit-exactly."""
+    saved = [p.detach().clone() for p in params]
+    try:
+        with torch.no_grad():
+            offset = 0
+            for p in params:
+                p.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+        yield
+    finally:
+        with torch.no_grad():
+            for p, old in zip(params, saved):
+                p.copy_(old)
+
+
+def _ensemble_average(
+    model: nn.Module, inputs: Any, weight_sets: Iterator[Callable[[], Any]]
+) -> torch.Tensor:
+    was_training = {m: m.training for m in model.modules()}
+    total, count = None, 0
+    try:
+        model.eval()
+        with torch.no_grad():
+            for ctx in weight_sets:
+                with ctx():
+                    probs = probabilities(_forward(model, inputs))
+                total = probs.clone() if total is None else total + probs
+                count += 1
+    finally:
+        for m, mode in was_training.items():
+            m.training = mode
+    if total is None:
+        raise ValueError("no ensemble members: collect some weights first")
     return total / count

@@ -1,28 +1,17 @@
-"""Flat-seeking Bayesian methods (seed ``flat_seeking_bnn.txt``): F-SWAG, F-SWAG-Diag, F-SGLD.
+"""SWAG and F-SWAG (Maddox et al. 2019; the flat-seeking BNN paper, Sec. 3-4).
 
-The "F-" version of a posterior method replaces its gradient by the SAM gradient
-``grad L(w + rho g/||g||)`` (seed Sec. 3-4, ``specs/optimizers.md``).  Here:
+:class:`SWAG` wraps *any* optimizer (plain SGD gives SWAG, :class:`optimizers.SAM` gives
+F-SWAG) and collects, every ``collect_every`` steps after ``start_step``, the running mean
+``theta_bar``, the running second moment ``theta2_bar`` (diagonal) and the last ``rank``
+deviations ``theta_i - theta_bar_i`` (Maddox et al. 2019, "A simple baseline for Bayesian
+uncertainty in deep learning", Alg. 1).  Sampling (Maddox et al. eq. 1 and Sec. 4.2):
 
-* :class:`SWAG` wraps *any* optimizer (plain SGD gives SWAG, :class:`optimizers.SAM` gives
-  F-SWAG) and collects, every ``collect_every`` steps after ``start_step``, the running mean
-  ``theta_bar``, the running second moment ``theta2_bar`` (diagonal) and the last ``rank``
-  deviations ``theta_i - theta_bar_i`` (Maddox et al. 2019, "A simple baseline for Bayesian
-  uncertainty in deep learning", Alg. 1).  Sampling (Maddox et al. eq. 1 and Sec. 4.2):
+    SWAG-Diag:  theta = theta_bar + scale * Sigma_diag^{1/2} z
+    SWAG:       theta = theta_bar + scale * (Sigma_diag^{1/2} z1 / sqrt(2) + D z2 / sqrt(2 (K - 1)))
 
-      SWAG-Diag:  theta = theta_bar + scale * Sigma_diag^{1/2} z
-      SWAG:       theta = theta_bar + scale * (Sigma_diag^{1/2} z1 / sqrt(2) + D z2 / sqrt(2 (K - 1)))
-
-  with ``Sigma_diag = max(theta2_bar - theta_bar^2, var_clamp)`` and ``D`` the ``p x K`` deviation
-  matrix.  :func:`f_swag` builds ``SWAG(SAM(...))`` (reference settings: ``rho = 0.05`` CIFAR-10,
-  rank 20, 30 posterior samples).
-* :class:`FlatSGLD` is SGLD (Welling & Teh 2011) whose gradient is SAM's: with the mean loss ``L``,
-  ``N = num_data`` and prior precision ``lambda``::
-
-      w <- w - lr * (grad L(w + eps) + lambda w / N) + sqrt(2 lr T / N) z,   z ~ N(0, I)
-
-  i.e. Langevin dynamics with step ``lr / N`` on the energy ``U = N L + lambda ||w||^2 / 2``
-  (noise ``sqrt(2 (lr/N) T)``), whose stationary law is ``exp(-U / T)``: ``T = 1`` is the Bayesian
-  posterior, ``T < 1`` a cold posterior.  ``rho = 0`` gives plain SGLD.
+with ``Sigma_diag = max(theta2_bar - theta_bar^2, var_clamp)`` and ``D`` the ``p x K`` deviation
+matrix.  :func:`f_swag` builds ``SWAG(SAM(...))`` (reference settings: ``rho = 0.05`` CIFAR-10,
+rank 20, 30 posterior samples).
 """
 
 from __future__ import annotations
@@ -30,67 +19,21 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from optimizers._posterior import (
+from optimizers.posterior import (
+    _ensemble_average,
+    _weights_set_to,
     check_nonneg,
-    check_num_data,
-    check_positive,
-    probabilities,
     resolve_generator,
 )
-from optimizers.sam import SAM
+from optimizers.sam.sam import SAM
 
-__all__ = ["SWAG", "f_swag", "FlatSGLD"]
-
-
-def _forward(model: nn.Module, inputs: Any) -> torch.Tensor:
-    out = model(inputs)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"model(inputs) must return a logits tensor, got {type(out).__name__}")
-    return out
-
-
-@contextlib.contextmanager
-def _weights_set_to(params: list[torch.Tensor], flat: torch.Tensor) -> Iterator[None]:
-    """Temporarily write a flat vector into ``params``; restore the old values bit-exactly."""
-    saved = [p.detach().clone() for p in params]
-    try:
-        with torch.no_grad():
-            offset = 0
-            for p in params:
-                p.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-        yield
-    finally:
-        with torch.no_grad():
-            for p, old in zip(params, saved):
-                p.copy_(old)
-
-
-def _ensemble_average(
-    model: nn.Module, inputs: Any, weight_sets: Iterator[Callable[[], Any]]
-) -> torch.Tensor:
-    was_training = {m: m.training for m in model.modules()}
-    total, count = None, 0
-    try:
-        model.eval()
-        with torch.no_grad():
-            for ctx in weight_sets:
-                with ctx():
-                    probs = probabilities(_forward(model, inputs))
-                total = probs.clone() if total is None else total + probs
-                count += 1
-    finally:
-        for m, mode in was_training.items():
-            m.training = mode
-    if total is None:
-        raise ValueError("no ensemble members: collect some weights first")
-    return total / count
+__all__ = ["SWAG", "f_swag"]
 
 
 class SWAG:
@@ -294,97 +237,3 @@ def f_swag(
     return SWAG(
         sam, rank=rank, collect_every=collect_every, start_step=start_step, diag_only=diag_only, seed=seed
     )
-
-
-class FlatSGLD(SAM):
-    """F-SGLD: SAM gradient + Langevin noise (seed ``flat_seeking_bnn.txt``; Welling & Teh 2011).
-
-    ``FlatSGLD(params, lr, num_data, rho=0.05, temperature=1.0, prior_precision=1.0,
-    burn_in=0, collect_every=1, max_samples=30, seed=None, generator=None, model=None, m=1)``.
-    Update in the module docstring.  The noise ``z`` is drawn after the SAM/SGD step, parameter by
-    parameter in ``param_groups`` order, only for parameters that received a gradient.  After
-    ``burn_in`` steps, every ``collect_every``-th iterate is stored (at most ``max_samples``, the
-    newest kept) for :meth:`bayesian_model_average`.  ``self.last`` adds ``noise_std`` and
-    ``n_samples`` to SAM's entries.
-    """
-
-    def __init__(
-        self,
-        params: Any,
-        lr: float,
-        num_data: int,
-        rho: float = 0.05,  # seed reference setting (CIFAR-10)
-        temperature: float = 1.0,
-        prior_precision: float = 1.0,
-        *,
-        burn_in: int = 0,
-        collect_every: int = 1,
-        max_samples: int = 30,  # seed: 30 posterior samples
-        seed: int | None = None,
-        generator: torch.Generator | None = None,
-        model: nn.Module | None = None,
-        m: int = 1,
-    ) -> None:
-        check_num_data(num_data)
-        check_nonneg("temperature", temperature)
-        check_nonneg("prior_precision", prior_precision)
-        check_positive("lr", lr)
-        for name, v, lo in (
-            ("burn_in", burn_in, 0),
-            ("collect_every", collect_every, 1),
-            ("max_samples", max_samples, 1),
-        ):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-        super().__init__(params, torch.optim.SGD, rho, model=model, m=m, lr=lr)
-        self.num_data = num_data
-        self.temperature = float(temperature)
-        self.prior_precision = float(prior_precision)
-        self.burn_in, self.collect_every = burn_in, collect_every
-        first = next((p for g in self.param_groups for p in g["params"]), None)
-        self.generator, self.seed = resolve_generator(
-            seed, generator, first.device if first is not None else None
-        )
-        self.samples: deque[list[torch.Tensor]] = deque(maxlen=max_samples)
-        self.n_steps = 0
-
-    def _adjust_descent(self) -> None:
-        if self.prior_precision:
-            for g in self.param_groups:
-                for p in g["params"]:
-                    if p.grad is not None:
-                        p.grad.add_(p.detach(), alpha=self.prior_precision / self.num_data)
-
-    def _extra_state(self) -> dict[str, Any]:
-        return {"rng_state": self.generator.get_state(), "n_steps": self.n_steps}
-
-    def _load_extra_state(self, extra: dict[str, Any]) -> None:
-        if "rng_state" in extra:
-            self.generator.set_state(extra["rng_state"])
-        self.n_steps = extra.get("n_steps", 0)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor:  # type: ignore[override]
-        loss = super().step(closure)
-        stds = []
-        for g in self.param_groups:
-            std = math.sqrt(2.0 * g["lr"] * self.temperature / self.num_data)
-            stds.append(std)
-            for p in g["params"]:
-                if p.grad is not None:
-                    p.add_(
-                        torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device),
-                        alpha=std,
-                    )
-        self.n_steps += 1
-        if self.n_steps > self.burn_in and (self.n_steps - self.burn_in) % self.collect_every == 0:
-            self.samples.append([p.detach().clone() for g in self.param_groups for p in g["params"]])
-        self.last["noise_std"] = stds[0] if len(stds) == 1 else stds
-        self.last["n_samples"] = len(self.samples)
-        return loss
-
-    def bayesian_model_average(self, model: nn.Module, inputs: Any) -> torch.Tensor:
-        """Average predictive probabilities over the stored iterates (eval mode, model restored)."""
-        params = [p for g in self.param_groups for p in g["params"]]
-        flats = [torch.cat([t.reshape(-1) for t in s]) for s in self.samples]
-        return _ensemble_average(model, inputs, (lambda f=f: _weights_set_to(params, f) for f in flats))

@@ -1,9 +1,9 @@
 """SAM (Foret et al. 2021) and adaptive SAM / ASAM (Kwon et al. 2021).
 
-Both are :class:`optimizers._perturb.PerturbationOptimizer` subclasses: two closure calls per step
+Both are :class:`optimizers.perturbation.PerturbationOptimizer` subclasses: two closure calls per step
 (at ``w`` and at ``w + eps``), descent by any ``torch.optim`` base optimizer on the shared param
 groups; BatchNorm handling (``model=``) and m-sharpness (``m=``, closure ``closure(chunk)``) as
-documented in :mod:`optimizers._perturb`.  Weight decay belongs to the base optimizer (applied at
+documented in :mod:`optimizers.perturbation`.  Weight decay belongs to the base optimizer (applied at
 ``w``, not part of the ascent).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._perturb import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
+from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
 
 __all__ = ["SAM", "ASAM"]
 
@@ -32,7 +32,7 @@ class SAM(PerturbationOptimizer):
         rho: neighbourhood radius; default 0.05 (Foret et al. 2021, CIFAR-10 setting).
         model: optional module; its BatchNorm running statistics are updated by the first pass only.
         m: sub-batches for m-sharpness; with ``m > 1`` the closure is called as ``closure(k)`` and
-            must compute the loss of sub-batch ``k`` (see :mod:`optimizers._perturb`).
+            must compute the loss of sub-batch ``k`` (see :mod:`optimizers.perturbation`).
         **base_kwargs: the base optimizer's keyword arguments (``lr``, ``momentum``, ...).
 
     ``self.last``: ``loss`` (at ``w``), ``loss_perturbed`` (at ``w + eps``), ``grad_norm`` (``||g||``),

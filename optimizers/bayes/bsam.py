@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from optimizers._perturb import bn_restore, bn_snapshot
-from optimizers._posterior import (
+from optimizers.perturbation import bn_restore, bn_snapshot
+from optimizers.posterior import (
     DiagonalGaussianPosterior,
     check_closure_loss,
     check_nonneg,
@@ -72,9 +72,9 @@ class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
         noise: ``False`` gives the "bSAM w/o noise" ablation.
         m: sub-batches (m-sharpness, paper App. E.4, experiments use 8).  With ``m > 1`` the closure
             is called as ``closure(k)`` and computes the loss of sub-batch ``k`` (same contract as
-            the SAM family, :mod:`optimizers._perturb`; build it with ``make_closure``).
+            the SAM family, :mod:`optimizers.perturbation`; build it with ``make_closure``).
         s_update_order: ``"paper"`` or ``"official"`` (see above).
-        seed, generator: randomness (see :func:`optimizers._posterior.resolve_generator`).
+        seed, generator: randomness (see :func:`optimizers.posterior.resolve_generator`).
         model: optional module; BatchNorm running statistics are updated only by the first pass of
             each sub-batch (the pass at the noisy point), never by the pass at ``w + eps``.
 
@@ -186,7 +186,7 @@ class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
                 raise TypeError(
                     f"with m={self.m} the closure must accept a sub-batch index, e.g. "
                     "`def closure(chunk=None)`, and compute the loss on sub-batch `chunk` "
-                    "(see optimizers._perturb.make_closure)"
+                    "(see optimizers.perturbation.make_closure)"
                 ) from None
             except ValueError:  # signature not introspectable: trust the caller
                 pass

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._perturb import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
-from ._posterior import resolve_generator
+from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
+from optimizers.posterior import resolve_generator
 
 __all__ = ["RandomSAM", "MixSAM"]
 
@@ -53,7 +53,7 @@ class RandomSAM(_NoiseMixin, PerturbationOptimizer):
         rho: expected perturbation length (``E||eps||^2 = rho^2``); default 0.05 (seed Sec. 5: same
             radius as SAM; their reported per-weight std ``rho/sqrt(p)`` is 5e-5 for a WRN).
         alpha: L2/KL penalty coefficient (eq. 7), default 0.
-        seed, generator: randomness (``generator`` wins; see ``optimizers._posterior.resolve_generator``).
+        seed, generator: randomness (``generator`` wins; see ``optimizers.posterior.resolve_generator``).
         model: accepted for a uniform API; the single pass updates BatchNorm statistics normally.
         m: m sub-batches, each with its own ``z`` (closure ``closure(k)``); mean of the gradients.
         (``base_optimizer``, ``**base_kwargs`` as :class:`optimizers.SAM`.)
