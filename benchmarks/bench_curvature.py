@@ -2,7 +2,7 @@
 
 Tanh MLP on the 1,797 scikit-learn digits (inputs / 16), mean cross-entropy, float64, one batch,
 briefly trained (Adam, fixed seed) so that the spectrum is that of a fitted network:
-64-64-64-10 (8,970 parameters, the anchor of specs/curvature.md) or, with ``--quick``, 64-32-10
+64-64-64-10 (8,970 parameters, the anchor of the curvature benchmarks) or, with ``--quick``, 64-32-10
 (2,410 parameters).  Exact eigenvalues and trace come from the dense Hessian of
 ``tests/references.py`` (independent ``torch.func`` code) and ``torch.linalg.eigvalsh``.
 

@@ -1,6 +1,6 @@
 """Shared machinery of the perturb-then-descend (SAM family) optimizers.
 
-One step of a two-pass method (Foret et al. 2021, Alg. 1; ``specs/optimizers.md``, "Shared rules"):
+One step of a two-pass method (Foret et al. 2021, Alg. 1):
 
 1. call the closure at ``w``  -> ``g = grad L_B(w)``;
 2. compute ``eps`` (method specific: :meth:`PerturbationOptimizer._perturbation`);
@@ -62,7 +62,7 @@ can read ``optimizer.perturbed`` and wrap its forward in ``bn_update_disabled(mo
 A model without BatchNorm is unaffected either way.  With ``m > 1`` each chunk's first pass
 updates the statistics (``m`` updates per step, as ``m`` plain forward passes over the chunks
 would); single-pass methods (RandomSAM) update them in their only pass.  Snapshot/restore is used
-rather than the "momentum = 0" trick (``specs/optimizers.md``) because it is bit exact and also
+rather than the "momentum = 0" trick because it is bit exact and also
 covers ``momentum=None`` (cumulative averages, where ``num_batches_tracked`` drives the update).
 """
 
@@ -89,7 +89,7 @@ __all__ = [
     "check_nonnegative",
 ]
 
-NORM_GUARD = 1e-12  # specs/optimizers.md, "Numerical guard"
+NORM_GUARD = 1e-12  # added to ||g|| before dividing (official SAM code: 1e-12)
 
 _BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 

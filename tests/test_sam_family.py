@@ -3,7 +3,7 @@
 Every reference below is written out with plain tensor operations on a flat float64 parameter
 vector: the loss is a hand-written function of that vector (no ``nn.Module``), its gradient comes
 from ``torch.autograd.grad`` on that function, the perturbation is the formula from
-``specs/optimizers.md`` and the base optimizer update (SGD with momentum + weight decay, Adam) is
+``docs/methods/optimizers.md`` and the base optimizer update (SGD with momentum + weight decay, Adam) is
 written out by hand.
 """
 

@@ -1,4 +1,4 @@
-"""Trajectory runner, smoothing and the seed papers' toy claims, asserted numerically."""
+"""Trajectory runner, smoothing and the papers' toy claims, asserted numerically."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""toy_problems: the seed papers' 2-D problems and the figures they illustrate.
+"""toy_problems: the papers' 2-D problems and the figures they illustrate.
 
     import toy_problems as tp
     tp.names()                          # registered problems

@@ -11,7 +11,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m toy_problems")
     sub = parser.add_subparsers(dest="command", required=True)
-    fig = sub.add_parser("figures", help="regenerate the seed papers' toy figures (PNG + JSON)")
+    fig = sub.add_parser("figures", help="regenerate the papers' toy figures (PNG + JSON)")
     fig.add_argument("--out", required=True, help="output directory")
     fig.add_argument("--only", action="append", choices=list(FIGURES), help="one figure (repeatable)")
     fig.add_argument("--resolution", type=int, default=200, help="grid size; < 100 = reduced mode")

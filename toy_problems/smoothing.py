@@ -1,14 +1,14 @@
-"""Smoothed versions of a 2-D loss (VSAM seed ``vsam_rethinking_sam_as_vi.txt``, Fig. 1, rho = 8).
+"""Smoothed versions of a 2-D loss (Ujváry et al. 2022, "Rethinking SAM as variational inference", Fig. 1, rho = 8).
 
 * ``gaussian_smoothed``: ``E_{eps ~ N(0, rho^2/p I)} L(theta + eps)`` (p = 2), the MFVI / Random-SAM
-  objective with fixed ``Sigma = rho^2/p I`` (seed eq. 5 and §2), by tensor-product Gauss-Hermite
+  objective with fixed ``Sigma = rho^2/p I`` (paper eq. 5 and §2), by tensor-product Gauss-Hermite
   quadrature (deterministic; ``n_quad`` nodes per axis).
-* ``worst_case_ball``: the exact SAM objective ``max_{||eps|| <= rho} L(theta + eps)`` (seed eq. 1),
+* ``worst_case_ball``: the exact SAM objective ``max_{||eps|| <= rho} L(theta + eps)`` (paper eq. 1),
   by dense search on a polar grid covering the disc's interior and its boundary circle.
 * ``sam_first_order``: the objective SAM actually follows, ``L(theta + rho g/||g||)``, ``g = grad L``
-  (the first-order solution of the inner max; seed eq. 3).
+  (the first-order solution of the inner max; paper eq. 3).
 * ``basins``: discrete steepest-descent basins of attraction on a grid, used to measure that the
-  sharp minimum's basin shrinks (the seed's Fig. 1 claim).
+  sharp minimum's basin shrinks (the paper's Fig. 1 claim).
 
 All evaluate ``prob.loss(..., check=False)``: for the Gaussian mixture this is the even extension in
 ``sigma`` (the model depends on ``sigma^2`` only), which a Gaussian with unbounded support needs.

@@ -1,10 +1,10 @@
-"""Two moons with a small MLP (bSAM seed App. F.2, Fig. 6).
+"""Two moons with a small MLP (bSAM paper App. F.2, Fig. 6).
 
 ``make_moons`` is our own generator with the same geometry as scikit-learn's: the outer moon
 ``(cos t, sin t)`` (label 0) and the inner moon ``(1 - cos t, 1/2 - sin t)`` (label 1) for ``t``
 evenly spaced in ``[0, pi]``, plus isotropic Gaussian noise, shuffled; fixed seed.
 
-Network (seed App. F.2): MLP 2 -> [32] x 4 -> 1 with ELU activations, float64. The problem's
+Network (paper App. F.2): MLP 2 -> [32] x 4 -> 1 with ELU activations, float64. The problem's
 parameter is the flattened weight vector (``dim`` = 3,297), so ``loss(theta [..., P])`` is the mean
 binary cross-entropy over the 100 points, batched by ``torch.func.vmap``; ``bounds`` is undefined
 (it is not a 2-D problem; plots show predictive maps over ``x_bounds`` instead).
@@ -47,7 +47,7 @@ def make_moons(
 
 
 def mlp(width: int = 32, depth: int = 4, seed: int = 0, dtype=torch.float64) -> nn.Sequential:
-    """MLP 2 -> [width] x depth -> 1 with ELU (bSAM seed App. F.2), PyTorch default init, seeded."""
+    """MLP 2 -> [width] x depth -> 1 with ELU (bSAM paper App. F.2), PyTorch default init, seeded."""
     g = torch.Generator().manual_seed(seed)
     layers: list[nn.Module] = []
     d_in = 2

@@ -221,7 +221,7 @@ def decision_boundaries_figure(R: dict[str, Any], samples: int = 20, seed: int =
 
 
 def two_moons(resolution: int = 40, epochs: int = 40) -> dict[str, Any]:
-    """Train SAM and bSAM on two moons and compute the three predictive maps of the seed's Fig. 6."""
+    """Train SAM and bSAM on two moons and compute the three predictive maps of the paper's Fig. 6."""
     if not 1 <= epochs <= 500:
         raise ValueError(f"epochs must be between 1 and 500, got {epochs}")
     return figures.moons_results(resolution, epochs)

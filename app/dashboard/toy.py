@@ -456,7 +456,7 @@ def loss_curves_figure(runs: list[Run]) -> go.Figure:
 def smoothed_panels(
     problem: str, rho: float, resolution: int = 60, n_quad: int = 24
 ) -> dict[str, np.ndarray]:
-    """The four panels of the VSAM seed's Fig. 1 on one grid: loss, Gaussian-smoothed loss, exact
+    """The four panels of the VSAM paper's Fig. 1 on one grid: loss, Gaussian-smoothed loss, exact
     worst case in the ball of radius ``rho`` and SAM's first-order objective."""
     if not (0 < rho <= 50):
         raise ValueError(f"rho must lie in (0, 50], got {rho}")

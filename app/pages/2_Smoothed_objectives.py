@@ -1,4 +1,4 @@
-"""Smoothed objectives: the four panels of the VSAM seed's Fig. 1 with a radius slider."""
+"""Smoothed objectives: the four panels of the VSAM paper's Fig. 1 with a radius slider."""
 
 from __future__ import annotations
 

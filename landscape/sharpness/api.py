@@ -1,4 +1,4 @@
-"""One API for every sharpness measure of the literature (``specs/sharpness.md``).
+"""One API for every sharpness measure of the literature (``docs/methods/sharpness.md``).
 
 ::
 

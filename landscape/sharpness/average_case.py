@@ -35,7 +35,7 @@ def average_case(
     """Average-case sharpness ``E_delta L(w + delta) - L(w)`` with ``delta = rho * c * xi``.
 
     ``noise="gaussian"``: ``xi ~ N(0, I)``, i.e. ``delta ~ N(0, rho^2 diag(c^2))`` (``rho`` is a
-    standard deviation; MFVI / RandomSAM, VSAM seed eq. 17, Prop. 3: ``~ 1/2 rho^2 Tr(diag(c^2) H)``).
+    standard deviation; MFVI / RandomSAM, VSAM paper eq. 17, Prop. 3: ``~ 1/2 rho^2 Tr(diag(c^2) H)``).
     ``noise="uniform"``: ``xi ~ U[-1, 1]^p``, uniform in the L-inf ball of radius ``rho`` (in ``u``).
     Estimated with ``samples`` antithetic pairs ``(xi, -xi)``: each pair gives
     ``(L(w+delta) + L(w-delta))/2 - L(w)`` (the first-order term cancels exactly); ``stderr`` is the

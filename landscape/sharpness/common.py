@@ -1,6 +1,6 @@
 """Shared machinery of the sharpness measures: counted evaluations, scales, data splitting.
 
-Conventions (``specs/sharpness.md``): ``L`` is the objective's loss on its evaluation data, ``w0``
+Conventions (``docs/methods/sharpness.md``): ``L`` is the objective's loss on its evaluation data, ``w0``
 the selected parameters flattened in ``obj.param_names`` order, ``c`` a per-parameter scale and
 every perturbation is written ``delta = c * u`` with ``u`` in the "normalised" coordinates where
 the constraint / noise is isotropic. Working in ``u`` makes every adaptive measure exactly
@@ -140,8 +140,8 @@ def make_scale(
     * ``"adaptive"``: ``c = |w| + eta`` (ASAM, Kwon et al. 2021, eq. 8; ``eta = 0`` makes it exactly
       scale invariant).
     * ``"fisher"``: ``c = (f + eta)^{-1/2}`` with ``f`` a diagonal Fisher: ``fisher="empirical"``
-      the mean of per-example squared gradients (FSAM seed eq. 11) or ``"gradient"`` the squared
-      mean gradient (FSAM seed eq. 12).
+      the mean of per-example squared gradients (FSAM paper eq. 11) or ``"gradient"`` the squared
+      mean gradient (FSAM paper eq. 12).
     * a tensor of ``p`` positive numbers: used as is.
     """
     if scale is None or (isinstance(scale, str) and scale == "none"):

@@ -112,7 +112,7 @@ def fisher_trace(
     """Trace of a Fisher matrix, computed exactly from per-example gradients.
 
     ``kind="empirical"``: ``Tr F_emp = c sum_n ||grad loss(f(x_n), y_n)||^2`` (deterministic; FSAM
-    seed eq. 11 summed over parameters). ``kind="mc"``: the Monte-Carlo Fisher
+    paper eq. 11 summed over parameters). ``kind="mc"``: the Monte-Carlo Fisher
     ``c sum_n ||grad loss(f(x_n), y~_n)||^2`` with labels ``y~`` drawn from the model's predictive
     distribution (``landscape.curvature.fisher.sample_targets``: categorical / unit-variance Gaussian /
     Bernoulli), averaged over ``samples`` draws; the standard error is over the draws.

@@ -297,9 +297,9 @@ def fisher_worst_case(
     seed: int | torch.Generator | None = 0,
 ) -> dict[str, Any]:
     """Fisher worst case ``max_{delta^T F~ delta <= gamma^2} L(w + delta) - L(w)`` (Kim et al. 2022,
-    FSAM seed eq. 8) with ``F~ = I + eta diag(f)`` as in FSAM's implementation (``1/(1 + eta f)`` is
-    its inverse, seed Sec. 3 "we add a small positive regulariser"): ``f = g^2`` (``fisher="gradient"``,
-    seed eq. 12, the default as in Alg. 1) or the empirical diagonal (``"empirical"``, eq. 11).
+    FSAM paper eq. 8) with ``F~ = I + eta diag(f)`` as in FSAM's implementation (``1/(1 + eta f)`` is
+    its inverse, paper Sec. 3 "we add a small positive regulariser"): ``f = g^2`` (``fisher="gradient"``,
+    paper eq. 12, the default as in Alg. 1) or the empirical diagonal (``"empirical"``, eq. 11).
     ``solver="one_step"`` is the closed form of eq. 10, ``delta = gamma F~^{-1} g / sqrt(g^T F~^{-1} g)``.
     Solved as ``worst_case`` with ``c = (1 + eta f)^{-1/2}`` and ``rho = gamma``.
     """
@@ -392,7 +392,7 @@ def keskar(
 
 
 # --------------------------------------------------------------------------------------------
-# robustness to adversarial parameter perturbation (FSAM seed Sec. 5.4, Fig. 4)
+# robustness to adversarial parameter perturbation (FSAM paper Sec. 5.4, Fig. 4)
 # --------------------------------------------------------------------------------------------
 DEFAULT_ALPHAS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0)
 
@@ -405,7 +405,7 @@ def perturbation_robustness(
     seed: int | torch.Generator | None = 0,
 ) -> dict[str, Any]:
     """Loss and accuracy after ``w + alpha g/||g||`` (adversarial parameter perturbation, Sun et al.
-    2021, as in the FSAM seed Sec. 5.4 with ``alpha`` from 0.1 to 5.0), and after Gaussian noise of
+    2021, as in the FSAM paper Sec. 5.4 with ``alpha`` from 0.1 to 5.0), and after Gaussian noise of
     the same norm ``w + alpha xi/||xi||`` (mean over ``noise_samples`` draws) for comparison.
     The curves are in ``extra``; ``value`` is the mean adversarial loss rise over the grid."""
     alphas = [float(a) for a in alphas]

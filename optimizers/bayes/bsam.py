@@ -1,7 +1,7 @@
 """Bayesian SAM / bSAM (Moellenhoff & Khan 2023, "SAM as an optimal relaxation of Bayes", Alg. 1).
 
 Seed ``bsam_sam_as_relaxation_of_bayes.txt`` (its equations were lost in extraction); the rule below
-is the published Alg. 1 as written in ``specs/optimizers.md`` and as the official code runs it.
+is the published Alg. 1 as written in ``docs/methods/optimizers.md`` and as the official code runs it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
 
     State per parameter: mean ``w`` (the parameter), momentum ``g_m = 0``, precision ``s = s_init``.
     With ``delta = prior_precision / N`` and the batch split into ``m`` sub-batches, one step is
-    (Alg. 1 of the paper; ``specs/optimizers.md``)::
+    (Alg. 1 of the paper)::
 
         for each sub-batch k:
             e_k  ~ N(0, 1 / (N s))                       # line 3; skipped with noise=False

@@ -1,7 +1,7 @@
 """Mean-field variational inference with the reparameterisation trick (Bayes by backprop).
 
-Seed ``vsam_rethinking_sam_as_vi.txt``, Alg. 2 (Mean Field Variational Inference); Blundell et al.
-(2015), "Weight uncertainty in neural networks", eqs. 3-4.  See ``specs/optimizers.md``, section MFVI.
+Ujváry et al. 2022, "Rethinking SAM as variational inference", Alg. 2 (Mean Field Variational
+Inference); Blundell et al. (2015), "Weight uncertainty in neural networks", eqs. 3-4.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class MFVI(DiagonalGaussianPosterior, torch.optim.Optimizer):
 
     Defaults: ``prior_std=1.0`` (standard normal prior, Blundell et al. 2015 Sec. 3.3 use scale
     mixtures around 1); ``init_std=1e-3`` (small initial variance so that training starts close
-    to the deterministic network, as in Blundell et al.'s ``rho`` initialisation and the seed's
+    to the deterministic network, as in Blundell et al.'s ``rho`` initialisation and the paper's
     "initialise Sigma small").
 
     ``self.last`` holds, after each step: ``loss``, ``kl`` (``KL(q||p)`` summed over all

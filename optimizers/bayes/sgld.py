@@ -34,7 +34,7 @@ __all__ = ["FlatSGLD"]
 
 
 class FlatSGLD(SAM):
-    """F-SGLD: SAM gradient + Langevin noise (seed ``flat_seeking_bnn.txt``; Welling & Teh 2011).
+    """F-SGLD: SAM gradient + Langevin noise (Nguyen et al. 2023, "Flat seeking Bayesian neural networks"; Welling & Teh 2011).
 
     ``FlatSGLD(params, lr, num_data, rho=0.05, temperature=1.0, prior_precision=1.0,
     burn_in=0, collect_every=1, max_samples=30, seed=None, generator=None, model=None, m=1)``.
@@ -50,13 +50,13 @@ class FlatSGLD(SAM):
         params: Any,
         lr: float,
         num_data: int,
-        rho: float = 0.05,  # seed reference setting (CIFAR-10)
+        rho: float = 0.05,  # paper reference setting (CIFAR-10)
         temperature: float = 1.0,
         prior_precision: float = 1.0,
         *,
         burn_in: int = 0,
         collect_every: int = 1,
-        max_samples: int = 30,  # seed: 30 posterior samples
+        max_samples: int = 30,  # paper: 30 posterior samples
         seed: int | None = None,
         generator: torch.Generator | None = None,
         model: nn.Module | None = None,

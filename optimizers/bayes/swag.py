@@ -47,7 +47,7 @@ class SWAG:
 
     Attributes after collection: ``n_collected``, :attr:`mean`, :attr:`sq_mean`, :attr:`variance`,
     :attr:`deviations` (``p x K`` matrix, oldest column first).  ``self.last`` mirrors the wrapped
-    optimizer's ``last`` plus ``n_collected``.  Defaults: rank 20 (Maddox et al. Sec. 4; seed's
+    optimizer's ``last`` plus ``n_collected``.  Defaults: rank 20 (Maddox et al. Sec. 4; the paper's
     reference setting), sample ``scale`` 1 (the paper uses 0.5 for some experiments).
     """
 
@@ -190,7 +190,7 @@ class SWAG:
         self,
         model: nn.Module,
         inputs: Any,
-        samples: int = 30,  # seed reference setting: 30 posterior samples
+        samples: int = 30,  # paper reference setting: 30 posterior samples
         generator: torch.Generator | None = None,
         scale: float = 1.0,
     ) -> torch.Tensor:
@@ -222,7 +222,7 @@ class SWAG:
 def f_swag(
     params: Any,
     base_optimizer: Any = torch.optim.SGD,
-    rho: float = 0.05,  # seed reference setting (CIFAR-10; 0.1 for CIFAR-100)
+    rho: float = 0.05,  # paper reference setting (CIFAR-10; 0.1 for CIFAR-100)
     *,
     rank: int = 20,
     collect_every: int = 1,
@@ -232,7 +232,7 @@ def f_swag(
     model: nn.Module | None = None,
     **base_kwargs: Any,
 ) -> SWAG:
-    """F-SWAG (``diag_only=False``) / F-SWAG-Diag: SWAG moments of SAM-trained weights (seed Sec. 4)."""
+    """F-SWAG (``diag_only=False``) / F-SWAG-Diag: SWAG moments of SAM-trained weights (paper Sec. 4)."""
     sam = SAM(params, base_optimizer, rho, model=model, **base_kwargs)
     return SWAG(
         sam, rank=rank, collect_every=collect_every, start_step=start_step, diag_only=diag_only, seed=seed

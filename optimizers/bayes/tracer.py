@@ -1,4 +1,4 @@
-"""G-TRACER: SGD-TRACER and Adam-TRACER (seed ``g_tracer.txt``, Alg. 1 and eq. 58).
+"""G-TRACER: SGD-TRACER and Adam-TRACER (Williams & Roberts 2023, "G-TRACER: Expected sharpness optimization", Alg. 1 and eq. 58).
 
 The loss is augmented by the trace-ratio penalty ``T(w) = rho <g^2, 1/(f_bar + delta)>`` with
 ``g = grad L_B(w)`` and ``f_bar`` an exponential moving average of ``g^2`` held constant in the
@@ -220,7 +220,7 @@ class TracerBase(torch.optim.Optimizer):
 
 
 class SGDTracer(TracerBase):
-    """SGD-TRACER (seed ``g_tracer.txt``, Alg. 1): the TRACER direction fed to ``torch.optim.SGD``.
+    """SGD-TRACER (Williams & Roberts 2023, Alg. 1): the TRACER direction fed to ``torch.optim.SGD``.
 
     ``SGDTracer(params, lr, rho=1e-3, beta=0.01, delta=1e-2, hvp="exact", fd_step=None,
     momentum=0, dampening=0, weight_decay=0, nesterov=False, model=None)``.  Weight decay is
@@ -245,7 +245,7 @@ class SGDTracer(TracerBase):
 
 
 class AdamTracer(TracerBase):
-    """Adam-TRACER (seed ``g_tracer.txt``, Sec. 3): the TRACER direction fed to ``torch.optim.Adam``.
+    """Adam-TRACER (Williams & Roberts 2023, Sec. 2.2): the TRACER direction fed to ``torch.optim.Adam``.
 
     ``AdamTracer(params, lr=1e-3, rho=1e-3, beta=0.01, delta=1e-2, hvp="exact", fd_step=None,
     betas=(0.9, 0.999), eps=1e-8, weight_decay=0, model=None)``.

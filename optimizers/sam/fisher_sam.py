@@ -1,4 +1,4 @@
-"""Fisher SAM (Kim et al. 2022, ICML; seed ``fisher_sam.txt``, eqs. 10-12 and Sec. 5)."""
+"""Fisher SAM (Kim et al. 2022, "Fisher SAM: Information geometry and SAM", ICML, eqs. 10-12 and Sec. 5)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class FisherSAM(PerturbationOptimizer):
       ``F~ = fisher(param)`` (e.g. a toy problem's analytic Fisher).
 
     ``eta = 0`` gives SAM with ``rho = gamma``.  Note that rescaling ``F~^{-1} g`` to *Euclidean*
-    length ``gamma`` is not Fisher SAM (``specs/optimizers.md``, pitfalls).
+    length ``gamma`` is not Fisher SAM.
 
     Args:
         rho: the paper's ``gamma``, default 0.1 (Kim et al. 2022, Sec. 5.1, CIFAR).

@@ -1,8 +1,8 @@
-"""RandomSAM and MixSAM (seed ``vsam_rethinking_sam_as_vi.txt``: Alg. 1, eq. 7, Table 1, Sec. 5).
+"""RandomSAM and MixSAM (Ujváry et al. 2022: Alg. 1, eq. 7, Table 1, Sec. 5).
 
 ``RandomSAM`` is MFVI with a fixed isotropic posterior ``Sigma = rho^2/p I`` (only the mean is
 learned): one gradient at a Gaussian perturbation of the weights per step.  ``MixSAM`` mixes the
-SAM direction with Gaussian noise (the seed's future-work interpolation between SAM and RandomSAM).
+SAM direction with Gaussian noise (the paper's future-work interpolation between SAM and RandomSAM).
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ class RandomSAM(_NoiseMixin, PerturbationOptimizer):
     the optimizer's generator), ``p`` the number of parameter elements; the base optimizer steps at
     ``w`` with ``grad L(w + eps) + 2 alpha w``.  One closure call per step (cost ~ 1x the base).
 
-    Correspondences (seed Table 1): with ``alpha = 1/(N sigma0^2)`` this is MFVI with the posterior
+    Correspondences (paper Table 1): with ``alpha = 1/(N sigma0^2)`` this is MFVI with the posterior
     covariance fixed at ``rho^2/p I`` (only the mean learned; eq. 7 with one sample).  With
     ``alpha = 0`` (no KL/L2 penalty) it is the gradient form of variational optimisation (VO,
     Staines & Barber) and of evolution strategies with a fixed search distribution.
 
     Args:
-        rho: expected perturbation length (``E||eps||^2 = rho^2``); default 0.05 (seed Sec. 5: same
+        rho: expected perturbation length (``E||eps||^2 = rho^2``); default 0.05 (paper Sec. 5: same
             radius as SAM; their reported per-weight std ``rho/sqrt(p)`` is 5e-5 for a WRN).
         alpha: L2/KL penalty coefficient (eq. 7), default 0.
         seed, generator: randomness (``generator`` wins; see ``optimizers.posterior.resolve_generator``).
@@ -68,9 +68,9 @@ class RandomSAM(_NoiseMixin, PerturbationOptimizer):
         self,
         params: Any,
         base_optimizer: Any = torch.optim.SGD,
-        rho: float = 0.05,  # seed Sec. 5 / Table 1: Sigma = rho^2/p I with SAM's rho
+        rho: float = 0.05,  # paper Sec. 5 / Table 1: Sigma = rho^2/p I with SAM's rho
         *,
-        alpha: float = 0.0,  # seed eq. (7) penalty 2*alpha*w; 0 = VO / ES
+        alpha: float = 0.0,  # paper eq. (7) penalty 2*alpha*w; 0 = VO / ES
         seed: int | None = None,
         generator: torch.Generator | None = None,
         model: nn.Module | None = None,
@@ -109,7 +109,7 @@ class MixSAM(_NoiseMixin, PerturbationOptimizer):
     ``eps = (rho/sqrt(p)) * sqrt(p) u/||u|| = rho u / ||u||`` (``+1e-12`` guards), ``p`` the number of
     parameter elements with a gradient.  ``kappa = 0`` is SAM, ``kappa -> inf`` a random direction
     of length ``rho``.  Two closure calls per step.  Seed: future-work section ("adding random
-    noise to the SAM perturbation"); rule from ``specs/optimizers.md``.
+    noise to the SAM perturbation").
 
     Args:
         rho: default 0.05 (as SAM).
@@ -125,7 +125,7 @@ class MixSAM(_NoiseMixin, PerturbationOptimizer):
         params: Any,
         base_optimizer: Any = torch.optim.SGD,
         rho: float = 0.05,  # as SAM (Foret et al. 2021)
-        kappa: float = 1.0,  # specs/optimizers.md, MixSAM
+        kappa: float = 1.0,  # weight of the SAM part (Ujváry et al. 2022, Sec. 5)
         *,
         seed: int | None = None,
         generator: torch.Generator | None = None,

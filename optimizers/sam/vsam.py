@@ -1,4 +1,4 @@
-"""Variational SAM (seed ``vsam_rethinking_sam_as_vi.txt``, Alg. 3 and eqs. 2, 36-42)."""
+"""Variational SAM (Ujváry et al. 2022, Alg. 3 and eqs. 2, 36-42)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
     r"""Variational SAM / VSAM: SAM inside a *learned* ellipsoid ``eps^T Sigma^{-1} eps <= p``.
 
     ``Sigma = diag(sigma^2)`` is learned together with the mean ``mu`` (the model's parameters) on
-    the objective of seed eq. (42)::
+    the objective of paper eq. (42)::
 
         J(mu, sigma) = L(mu) + sqrt(p) sqrt(g^T Sigma g) + Tr Sigma/(2 N s0^2)
                        + log det Sigma^{-1}/(2 N) + ||mu||^2/(2 N s0^2)
@@ -37,7 +37,7 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
        not change the iterates' ``Sigma``).
 
     ``p`` is the number of parameter elements with a gradient (all of them in ordinary use).
-    ``sigma`` starts at ``rho / sqrt(p_total)`` so that ``||eps|| ~ rho`` initially (seed App. D:
+    ``sigma`` starts at ``rho / sqrt(p_total)`` so that ``||eps|| ~ rho`` initially (paper App. D:
     perturbation size ~0.05).  The seed observes ``Sigma`` growing until the first-order Taylor
     approximation breaks down: inspect it with :meth:`posterior_std` / ``self.last``.  The
     ``-1/(N sigma)`` term of ``dJ/dsigma`` dominates while ``sigma`` is small, so with a small
@@ -48,10 +48,10 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
     :meth:`sample` (context manager, bit-exact restore) and :meth:`bayesian_model_average`.
 
     Args:
-        rho: initial perturbation length, default 0.05 (seed App. D).
+        rho: initial perturbation length, default 0.05 (paper App. D).
         num_data: ``N``, the number of training examples (required, > 0).
         prior_std: ``s0`` of the prior ``N(0, s0^2 I)``; default 1.0 (the seed gives no value).
-        sigma_lr: learning rate of ``sigma`` (plain gradient descent), default 0.01 (seed App. D).
+        sigma_lr: learning rate of ``sigma`` (plain gradient descent), default 0.01 (paper App. D).
         kl_weight: multiplies the prior/KL terms of ``J`` (in both the ``mu`` and ``sigma``
             gradients); 0 drops them.
         seed, generator: randomness for :meth:`sample` (package convention).
@@ -66,11 +66,11 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
         self,
         params: Any,
         base_optimizer: Any = torch.optim.SGD,
-        rho: float = 0.05,  # seed App. D: initial perturbation size ~0.05
+        rho: float = 0.05,  # paper App. D: initial perturbation size ~0.05
         *,
         num_data: int,
         prior_std: float = 1.0,  # not given in the seed; standard-normal prior
-        sigma_lr: float = 0.01,  # seed App. D: learning rate 0.01 on Sigma
+        sigma_lr: float = 0.01,  # paper App. D: learning rate 0.01 on Sigma
         kl_weight: float = 1.0,
         seed: int | None = None,
         generator: torch.Generator | None = None,
