@@ -1,4 +1,5 @@
-"""Smoothed versions of a 2-D loss (Ujváry et al. 2022, "Rethinking SAM as variational inference", Fig. 1, rho = 8).
+"""Smoothed versions of a 2-D loss (Ujváry et al. 2022, "Rethinking SAM as variational inference",
+Fig. 1, rho = 8).
 
 * ``gaussian_smoothed``: ``E_{eps ~ N(0, rho^2/p I)} L(theta + eps)`` (p = 2), the MFVI / Random-SAM
   objective with fixed ``Sigma = rho^2/p I`` (paper eq. 5 and §2), by tensor-product Gauss-Hermite

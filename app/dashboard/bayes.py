@@ -1,5 +1,5 @@
 """Logic of the "Bayesian view" page: Bayesian logistic regression (exact posterior vs Laplace vs
-MFVI vs bSAM, predictive maps, sampled decision boundaries) and two moons (bSAM seed Fig. 3, 5, 6).
+MFVI vs bSAM, predictive maps, sampled decision boundaries) and two moons (bSAM paper Fig. 3, 5, 6).
 
 The fitting is done by ``toy_problems.figures`` (the same code that draws the reproduced figures),
 so the page and the committed figures can never disagree; this module turns the results into
@@ -57,7 +57,7 @@ def distance_rows(R: dict[str, Any]) -> list[dict[str, Any]]:
 
 def posterior_figure(R: dict[str, Any], n_std: float = 2.0) -> go.Figure:
     """Exact posterior density (contours) with MAP, SAM point and the Gaussian approximations'
-    ``n_std`` ellipses (bSAM seed Fig. 5)."""
+    ``n_std`` ellipses (bSAM paper Fig. 5)."""
     post = R["post"]
     fig = go.Figure(
         go.Contour(
@@ -162,7 +162,7 @@ def _maps_figure(xs, ys, maps: dict[str, torch.Tensor], data, titles: list[str],
 def predictive_figure(
     R: dict[str, Any], methods=("exact", "SAM", "SAM+Laplace", "bSAM", "MFVI")
 ) -> go.Figure:
-    """Predictive maps ``p(y=1|x)`` side by side with the data (bSAM seed Fig. 3)."""
+    """Predictive maps ``p(y=1|x)`` side by side with the data (bSAM paper Fig. 3)."""
     maps = {m: R["maps"][m] for m in methods if m in R["maps"]}
     return _maps_figure(R["xs"], R["ys"], maps, R["prob"].data, list(maps), height=330)
 

@@ -34,7 +34,8 @@ __all__ = ["FlatSGLD"]
 
 
 class FlatSGLD(SAM):
-    """F-SGLD: SAM gradient + Langevin noise (Nguyen et al. 2023, "Flat seeking Bayesian neural networks"; Welling & Teh 2011).
+    """F-SGLD: SAM gradient + Langevin noise (Nguyen et al. 2023, "Flat seeking Bayesian neural
+    networks"; Welling & Teh 2011).
 
     ``FlatSGLD(params, lr, num_data, rho=0.05, temperature=1.0, prior_precision=1.0,
     burn_in=0, collect_every=1, max_samples=30, seed=None, generator=None, model=None, m=1)``.

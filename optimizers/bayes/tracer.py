@@ -1,4 +1,5 @@
-"""G-TRACER: SGD-TRACER and Adam-TRACER (Williams & Roberts 2023, "G-TRACER: Expected sharpness optimization", Alg. 1 and eq. 58).
+"""G-TRACER: SGD-TRACER and Adam-TRACER (Williams & Roberts 2023, "G-TRACER: Expected sharpness
+optimization", Alg. 1 and eq. 58).
 
 The loss is augmented by the trace-ratio penalty ``T(w) = rho <g^2, 1/(f_bar + delta)>`` with
 ``g = grad L_B(w)`` and ``f_bar`` an exponential moving average of ``g^2`` held constant in the
