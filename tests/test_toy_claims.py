@@ -11,6 +11,7 @@ import torch
 
 import toy_problems as tp
 from toy_problems import figures
+from toy_problems.figures import fisher_sam, vsam
 
 optimizers = pytest.importorskip("optimizers")
 
@@ -99,11 +100,11 @@ def test_gauss_hermite_smoothing_matches_monte_carlo_on_the_mixture():
 # ------------------------------------------------------------------------------------------------
 def _run(kind: str, start, steps: int = 200):
     prob = tp.get("gaussian_mixture")
-    sam, fsam, asam = figures._factories(prob)
+    sam, fsam, asam = fisher_sam._factories(prob)
     factory = {"SAM": sam, "FSAM": fsam, "ASAM": asam}[kind][1]
     tr = tp.run_trajectory(prob, factory, start, steps)
     assert not tr.diverged, tr.message
-    return figures._basin_of(prob, tr.path[-1])
+    return fisher_sam._basin_of(prob, tr.path[-1])
 
 
 def test_fsam_fig2_claim_sam_sharp_fsam_flat_from_large_sigma():
@@ -123,7 +124,7 @@ def test_fsam_fig3_claim_asam_sharp_fsam_flat_from_mu_near_zero():
 def test_vsam_fig1_claim_smoothing_shrinks_the_sharp_basin():
     P = figures.vsam_panels(48)
     prob = tp.get("gaussian_mixture")
-    st = {k: figures._basin_stats(P["xs"], P["ys"], P[k], prob) for k in "ABC"}
+    st = {k: vsam._basin_stats(P["xs"], P["ys"], P[k], prob) for k in "ABC"}
     # A: the sharp minimum is deeper than the flat one and has a sizeable basin
     assert st["A"]["sharp_minus_flat"] < -0.05
     assert st["A"]["sharp"]["area_fraction"] > 0.3

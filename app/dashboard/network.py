@@ -326,3 +326,27 @@ def training_figure(runs: dict[str, TrainedRun]) -> go.Figure:
         xaxis_title="epoch", yaxis_title="training loss", height=320, margin=dict(l=40, r=10, t=30, b=40)
     )
     return fig
+
+
+def metric_rows(runs: dict[str, TrainedRun]) -> list[dict[str, Any]]:
+    """One row per optimizer with its test metrics (rounded to 4 decimals)."""
+    return [{"optimizer": n, **{k: round(v, 4) for k, v in r.test.items()}} for n, r in runs.items()]
+
+
+def spectrum_rows(spectra: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per optimizer: top eigenvalues, whether all converged, the SLQ trace with its error."""
+    return [
+        {
+            "optimizer": n,
+            "top eigenvalues": ", ".join(f"{v:.4g}" for v in sp["eigenvalues"]),
+            "all converged": all(sp["converged"]),
+            "trace (SLQ)": f"{sp['trace']:.4g} ± {sp['trace_stderr']:.2g}",
+        }
+        for n, sp in spectra.items()
+    ]
+
+
+def surface_caption(s: ls.Surface) -> str:
+    """The loss at the surface's centre (the trained weights) and what computing it cost."""
+    centre = float(s.loss[np.argmin(np.abs(s.xs)), np.argmin(np.abs(s.ys))])
+    return f"centre loss {centre:.4g}; {s.evaluations} evaluations in {s.seconds:.1f} s ({s.strategy})"

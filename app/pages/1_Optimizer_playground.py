@@ -84,19 +84,5 @@ with readable_errors("run the optimizers"):
     left.plotly_chart(toy.contour_figure(prob, runs, log=log_scale, neighbourhood_step=step), key="contour")
     right.plotly_chart(toy.surface_figure(prob, runs, log=log_scale), key="surface")
     left.plotly_chart(toy.loss_curves_figure(runs), key="losses")
-    rows = []
-    for r in runs:
-        end = r.trajectory.path[-1].tolist()
-        info = toy.hessian_summary(prob, end) if bool(prob.in_domain(r.trajectory.path[-1])) else None
-        rows.append(
-            {
-                "optimizer": r.label,
-                "end point": f"({end[0]:.3f}, {end[1]:.3f})",
-                "final loss": float(r.trajectory.losses[-1]),
-                "steps": r.trajectory.steps,
-                "Hessian eigenvalues": ", ".join(f"{v:.3g}" for v in info["eigenvalues"]) if info else "n/a",
-                "Hessian trace": info["trace"] if info else float("nan"),
-            }
-        )
     right.markdown("**Where each run ended** (exact Hessian by autograd)")
-    right.dataframe(rows, hide_index=True)
+    right.dataframe(toy.end_rows(prob, runs), hide_index=True)

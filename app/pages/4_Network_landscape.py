@@ -96,10 +96,7 @@ else:
             runs[name] = trained(name, *hypers[name], epochs, hidden)
     if runs:
         st.subheader("Test metrics")
-        st.dataframe(
-            [{"optimizer": n, **{k: round(v, 4) for k, v in r.test.items()}} for n, r in runs.items()],
-            hide_index=True,
-        )
+        st.dataframe(nw.metric_rows(runs), hide_index=True)
         st.plotly_chart(nw.training_figure(runs), key="training")
         keys = {n: (n, *hypers[n], epochs, hidden) for n in runs}
         if "surface" in analyses:
@@ -112,27 +109,13 @@ else:
                         nw.surface_figure(s, path, f"{name}: log10 loss ({plane} plane)"),
                         key=f"surface_{name}",
                     )
-                    st.caption(
-                        f"centre loss {float(s.loss[np.argmin(np.abs(s.xs)), np.argmin(np.abs(s.ys))]):.4g}; "
-                        f"{s.evaluations} evaluations in {s.seconds:.1f} s ({s.strategy})"
-                    )
+                    st.caption(nw.surface_caption(s))
         if "spectrum" in analyses:
             st.subheader("Hessian spectrum")
             with readable_errors("compute the Hessian spectrum"):
                 spectra = {n: cached_spectrum(r, keys[n]) for n, r in runs.items()}
                 st.plotly_chart(nw.spectrum_figure(spectra), key="spectrum")
-                st.dataframe(
-                    [
-                        {
-                            "optimizer": n,
-                            "top eigenvalues": ", ".join(f"{v:.4g}" for v in sp["eigenvalues"]),
-                            "all converged": all(sp["converged"]),
-                            "trace (SLQ)": f"{sp['trace']:.4g} ± {sp['trace_stderr']:.2g}",
-                        }
-                        for n, sp in spectra.items()
-                    ],
-                    hide_index=True,
-                )
+                st.dataframe(nw.spectrum_rows(spectra), hide_index=True)
         if "sharpness" in analyses:
             st.subheader("Sharpness measures (training data)")
             with readable_errors("measure sharpness"):

@@ -1,0 +1,45 @@
+"""Logic of the toy-problem pages: optimizer catalogue, trajectory runs, Plotly figures.
+
+Everything here is plain Python over ``toy_problems`` and ``optimizers`` (no Streamlit), so the
+tests call it directly and assert on the returned figures' traces. Modules: ``catalogue``
+(optimizers, hyperparameters, per-problem settings), ``runs`` (trajectories, neighbourhoods,
+Hessians), ``plots`` (playground figures), ``smoothed`` (the smoothed-objectives panels).
+"""
+
+from __future__ import annotations
+
+from .catalogue import (
+    OPTIMIZERS,
+    PROBLEM_SETTINGS,
+    Hyper,
+    OptimizerSpec,
+    hyper_defaults,
+    problem_settings,
+    validate_hypers,
+)
+from .plots import COLORS, contour_figure, loss_curves_figure, loss_grid, surface_figure
+from .runs import Run, end_rows, hessian_summary, neighbourhood, run
+from .smoothed import PANEL_TITLES, smoothed_figure, smoothed_panels
+
+__all__ = [
+    "OPTIMIZERS",
+    "PROBLEM_SETTINGS",
+    "Hyper",
+    "OptimizerSpec",
+    "hyper_defaults",
+    "problem_settings",
+    "validate_hypers",
+    "Run",
+    "run",
+    "neighbourhood",
+    "hessian_summary",
+    "end_rows",
+    "COLORS",
+    "loss_grid",
+    "contour_figure",
+    "surface_figure",
+    "loss_curves_figure",
+    "PANEL_TITLES",
+    "smoothed_panels",
+    "smoothed_figure",
+]

@@ -1,0 +1,191 @@
+"""Fisher SAM (Kim et al. 2022) Fig. 1-3 on the Gaussian KL-mixture of its eq. 15: the contour with both
+minima, SAM vs FSAM from a large-sigma start, ASAM vs FSAM from a start with mu near 0."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from toy_problems.base import gradient
+from toy_problems.figures.common import REDUCED_BELOW, contour_levels, pyplot, save_html, save_png
+from toy_problems.gaussian_mixture import GaussianMixture
+from toy_problems.trajectory import run_trajectory
+
+__all__ = ["FSAM_SETTINGS", "fsam_fig1", "fsam_fig2", "fsam_fig3"]
+
+#: Fisher SAM Fig. 2/3: one shared setting (the paper gives none). gamma is SAM's radius, FSAM's
+#: Fisher radius and ASAM's scaled radius; plain SGD base optimizer.
+FSAM_SETTINGS = {
+    "gamma": 0.2,
+    "lr": 400.0,
+    "steps": 1500,
+    "steps_reduced": 200,  # the basin each method ends in is already decided after 200 steps
+    "asam_eta": 0.01,
+    "fig2_start": (-30.0, 45.0),
+    "fig3_start": (0.0, 20.0),
+}
+
+
+def _basin_of(prob: GaussianMixture, theta: torch.Tensor) -> str:
+    """Which minimum plain gradient flow from ``theta`` reaches ("flat", "sharp" or "none")."""
+    t = theta.detach().clone().double()
+    if not bool(torch.isfinite(t).all()) or float(t[1]) <= 0:
+        return "none"
+    for _ in range(800):  # gradient descent, lr 300 < 2 / lambda_max(sharp) ~ 410
+        t = t - 300.0 * gradient(prob, t, check=False)
+    for m in prob.minima:
+        if float((t - torch.tensor(m.theta, dtype=t.dtype)).norm()) < 2.0:
+            return m.label
+    return "none"
+
+
+def fsam_fig1(out: Path, resolution: int) -> dict:
+    plt = pyplot()
+    prob = GaussianMixture()
+    xs, ys, T = prob.grid(resolution)
+    Z = prob.loss(T).numpy()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    cs = ax.contourf(xs, ys, Z, levels=contour_levels(Z), cmap="viridis", extend="max")
+    fig.colorbar(cs, ax=ax, label="loss l(mu, sigma)")
+    numbers: dict[str, Any] = {"minima": {}, "paper": {}}
+    for m, marker, colour in zip(prob.minima, ("*", "o"), ("tab:blue", "magenta")):
+        tr = m.extra["hessian_trace"]
+        ax.plot(*m.theta, marker=marker, color=colour, ms=14 if marker == "*" else 9, mec="white")
+        ax.annotate(
+            f"{m.label}: ({m.theta[0]:.2f}, {m.theta[1]:.2f})\nl={m.value:.3f}, tr H={tr:.4f}",
+            m.theta,
+            xytext=(8, 8),
+            textcoords="offset points",
+            color="white",
+            fontsize=8,
+        )
+        p = m.extra["paper"]
+        ax.plot(*p["theta"], marker=marker, color="none", mec=colour, ms=14 if marker == "*" else 9)
+        numbers["minima"][m.label] = {
+            "theta": list(m.theta),
+            "loss": m.value,
+            "hessian_trace": tr,
+            "hessian_eigenvalues": m.extra["hessian_eigenvalues"],
+        }
+        numbers["paper"][m.label] = {
+            "theta": list(p["theta"]),
+            "loss": p["loss"],
+            "hessian_trace": p["hessian_trace"],
+        }
+    ax.set_xlabel("mu")
+    ax.set_ylabel("sigma")
+    ax.set_title("Fisher SAM Fig. 1: eq. 15 as printed (hollow: paper's points)", fontsize=9)
+    save_png(fig, out / "fsam_fig1.png")
+    try:
+        import plotly.graph_objects as go
+
+        pf = go.Figure(go.Contour(x=xs.numpy(), y=ys.numpy(), z=Z, colorscale="Viridis"))
+        for m in prob.minima:
+            pf.add_trace(go.Scatter(x=[m.theta[0]], y=[m.theta[1]], mode="markers+text", text=[m.label]))
+        pf.update_layout(xaxis_title="mu", yaxis_title="sigma", title="Fisher SAM Fig. 1")
+        save_html(pf, out / "fsam_fig1.html")
+    except ImportError:  # pragma: no cover - plotly is a dependency
+        pass
+    return numbers
+
+
+def _fsam_pair(out: Path, resolution: int, name: str, start, methods) -> dict:
+    plt = pyplot()
+    prob = GaussianMixture()
+    s = dict(FSAM_SETTINGS)
+    s["steps"] = s["steps_reduced"] if resolution < REDUCED_BELOW else s["steps"]
+    xs, ys, T = prob.grid(resolution)
+    Z = prob.loss(T).numpy()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), sharey=True)
+    numbers: dict[str, Any] = {"settings": {**s, "start": list(start)}, "runs": {}}
+    start_t = torch.tensor(start, dtype=torch.float64)
+    for ax, (label, factory, region) in zip(axes, methods):
+        tr = run_trajectory(prob, factory, start, s["steps"])
+        ax.contourf(xs, ys, Z, levels=contour_levels(Z), cmap="viridis", extend="max")
+        path = tr.path.numpy()
+        ax.plot(path[:, 0], path[:, 1], "-", color="white", lw=1.2)
+        ax.plot(path[-1, 0], path[-1, 1], "x", color="red", ms=9)
+        ax.plot(*start, "D", color="lime", ms=8, mec="k")
+        # neighbourhood at the start, true scale
+        t = np.linspace(0, 2 * np.pi, 200)
+        a, b = region(start_t)
+        ax.plot(start[0] + a * np.cos(t), start[1] + b * np.sin(t), color="yellow", lw=1.5)
+        eps = tr.perturbations[0].numpy()
+        upd = (tr.path[1] - tr.path[0]).numpy()
+        ax.annotate(
+            "",
+            xy=(start[0] + eps[0], start[1] + eps[1]),
+            xytext=start,
+            arrowprops={"arrowstyle": "->", "color": "cyan", "lw": 2},
+        )
+        # the first update is short (the gradient is tiny far from the minima): drawn 5x
+        ax.annotate(
+            "",
+            xy=(start[0] + 5 * upd[0], start[1] + 5 * upd[1]),
+            xytext=start,
+            arrowprops={"arrowstyle": "->", "color": "red", "lw": 2},
+        )
+        basin = _basin_of(prob, tr.path[-1])
+        for m, marker in zip(prob.minima, ("*", "o")):
+            ax.plot(
+                *m.theta, marker=marker, color="tab:blue" if m.label == "flat" else "magenta", ms=10, mec="w"
+            )
+        ax.set_title(
+            f"{label}: ends in the {basin} basin" + (" (diverged)" if tr.diverged else ""), fontsize=9
+        )
+        ax.set_xlabel("mu")
+        numbers["runs"][label] = {
+            "end": tr.path[-1].tolist(),
+            "end_loss": float(tr.losses[-1]),
+            "basin": basin,
+            "diverged": tr.diverged,
+            "message": tr.message,
+            "first_probe": eps.tolist(),
+            "first_update": upd.tolist(),
+            "neighbourhood_semi_axes_at_start": [float(a), float(b)],
+        }
+    axes[0].set_ylabel("sigma")
+    fig.suptitle(
+        f"{name}: cyan = worst-case probe, red = update (x5), yellow = neighbourhood at the start "
+        f"(true scale); gamma={s['gamma']}, lr={s['lr']}, {s['steps']} steps",
+        fontsize=9,
+    )
+    save_png(fig, out / f"{name}.png")
+    return numbers
+
+
+def _factories(prob: GaussianMixture):
+    from optimizers import ASAM, SAM, FisherSAM
+
+    s = FSAM_SETTINGS
+    g, lr = s["gamma"], s["lr"]
+    sam = ("SAM", lambda p: SAM(p, torch.optim.SGD, rho=g, lr=lr), lambda t: (g, g))
+    fsam = (
+        "FSAM",
+        lambda p: FisherSAM(p, torch.optim.SGD, rho=g, fisher=prob.fisher, lr=lr),
+        # eps^T F eps <= gamma^2 with F = diag(1/sigma^2, 2/sigma^2)
+        lambda t: (g * float(t[1]), g * float(t[1]) / math.sqrt(2)),
+    )
+    asam = (
+        "ASAM",
+        lambda p: ASAM(p, torch.optim.SGD, rho=g, eta=s["asam_eta"], scale_all=True, lr=lr),
+        # ||T^{-1} eps|| <= gamma with T = |theta| + eta
+        lambda t: (g * (abs(float(t[0])) + s["asam_eta"]), g * (abs(float(t[1])) + s["asam_eta"])),
+    )
+    return sam, fsam, asam
+
+
+def fsam_fig2(out: Path, resolution: int) -> dict:
+    prob = GaussianMixture()
+    sam, fsam, _ = _factories(prob)
+    return _fsam_pair(out, resolution, "fsam_fig2", FSAM_SETTINGS["fig2_start"], [sam, fsam])
+
+
+def fsam_fig3(out: Path, resolution: int) -> dict:
+    prob = GaussianMixture()
+    _, fsam, asam = _factories(prob)
+    return _fsam_pair(out, resolution, "fsam_fig3", FSAM_SETTINGS["fig3_start"], [asam, fsam])
