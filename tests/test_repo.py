@@ -22,3 +22,111 @@ def test_cli_lists_both_commands_and_needs_one(capsys):
     assert "sharpness" in help_text and "surface" in help_text
     assert main([]) == 2  # no command: help and a usage error code
     assert "COMMAND" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- layout hygiene
+import ast  # noqa: E402
+import re  # noqa: E402
+
+PACKAGES = ("landscape", "optimizers", "toy_problems", "app", "benchmarks", "tests", "docs")
+MAX_LINES = 520  # "no source file over ~500 lines"
+
+
+def _sources():
+    for pkg in PACKAGES:
+        yield from sorted((ROOT / pkg).rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """File-level import graph of the three packages, lazy (function-level) imports included."""
+    files = {
+        _module_name(p): p
+        for pkg in ("landscape", "optimizers", "toy_problems")
+        for p in (ROOT / pkg).rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                # ``from pkg import submodule`` depends on the submodule, not on the package
+                subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in files]
+                targets = subs if len(subs) == len(node.names) else [base] + subs
+            for t in targets:
+                if t in files and t != mod:
+                    graph[mod].add(t)
+    return graph
+
+
+def test_no_import_cycles_between_files():
+    graph = _import_graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(stack[stack.index(n) :] + [n])
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:5])
+
+
+def test_no_source_file_over_the_limit():
+    long = {
+        str(p.relative_to(ROOT)): n for p in _sources() if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"files over {MAX_LINES} lines (split them by meaning): {long}"
+
+
+def test_no_reference_to_files_the_project_lacks():
+    bad = []
+    for p in list(_sources()) + sorted(ROOT.glob("*.md")) + sorted((ROOT / "docs").rglob("*.md")):
+        if p.name in ("HELPERS.md", "test_repo.py"):
+            continue
+        text = p.read_text()
+        if re.search(r"specs/|seeds/|\b\w+\.txt``", text):
+            bad.append(str(p.relative_to(ROOT)))
+        for ref in re.findall(r"``(docs/[\w./-]+)``", text):
+            if not (ROOT / ref).exists():
+                bad.append(f"{p.relative_to(ROOT)} -> {ref}")
+    assert not bad, f"references to files outside the project: {bad}"
+
+
+def test_api_reference_covers_every_public_module():
+    documented = set()
+    for page in (ROOT / "docs" / "api").glob("*.md"):
+        documented |= set(re.findall(r"^::: ([\w.]+)", page.read_text(), flags=re.M))
+    public = {
+        _module_name(p)
+        for pkg in ("landscape", "optimizers", "toy_problems")
+        for p in (ROOT / pkg).rglob("*.py")
+        if not any(part.startswith("_") and part != "__init__.py" for part in p.relative_to(ROOT).parts)
+    }
+    missing = sorted(public - documented)
+    assert not missing, f"modules missing from docs/api/*.md: {missing}"

@@ -1,7 +1,7 @@
 """Bayesian SAM / bSAM (Moellenhoff & Khan 2023, "SAM as an optimal relaxation of Bayes", Alg. 1).
 
-Seed ``bsam_sam_as_relaxation_of_bayes.txt`` (its equations were lost in extraction); the rule below
-is the published Alg. 1 as written in ``docs/methods/optimizers.md`` and as the official code runs it.
+The rule below is the published Alg. 1 (ICLR 2023) as the official code runs it; the equations and
+where the code differs are in ``docs/methods/optimizers.md``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from landscape.checks import check_range
 from optimizers.perturbation import bn_restore, bn_snapshot
 from optimizers.posterior import (
     DiagonalGaussianPosterior,
@@ -23,8 +24,16 @@ from optimizers.posterior import (
     check_positive,
     resolve_generator,
 )
+from optimizers.state import check_state_dict, tag_state_dict
 
 __all__ = ["BayesianSAM"]
+
+
+def _check_betas(name: str, betas: Any) -> None:
+    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+        raise ValueError(f"{name} must be two numbers in [0, 1), got {betas!r}")
+    for j, b in enumerate(betas):
+        check_range(f"{name}[{j}]", b, 0.0, 1.0, high_open=True)
 
 
 class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
@@ -108,8 +117,7 @@ class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
         check_nonneg("prior_precision", prior_precision)
         check_nonneg("damping", damping)
         check_positive("s_init", s_init)
-        if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        _check_betas("betas", betas)
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"m (number of sub-batches) must be an int >= 1, got {m!r}")
         if s_update_order not in ("paper", "official"):
@@ -144,6 +152,14 @@ class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
         self.last: dict[str, Any] = {}
 
     # ----------------------------------------------------------------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group; its hyperparameters (given or defaulted) are checked like the constructor's."""
+        super().add_param_group(param_group)
+        group, i = self.param_groups[-1], len(self.param_groups) - 1
+        for key in ("lr", "rho", "prior_precision", "damping"):
+            check_nonneg(f"{key} (param group {i})", group[key])
+        _check_betas(f"betas (param group {i})", group["betas"])
+
     def _params(self) -> list[tuple[dict[str, Any], torch.Tensor]]:
         return [(g, p) for g in self.param_groups for p in g["params"] if p.requires_grad]
 
@@ -276,10 +292,17 @@ class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         sd = super().state_dict()
         sd["generator"] = self.generator.get_state()
-        return sd
+        return tag_state_dict(sd, self, self.param_groups)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        sd = dict(state_dict)
+        sd = check_state_dict(state_dict, self, self.param_groups, required=("state", "param_groups"))
+        for i, group in enumerate(sd["param_groups"]):
+            missing = [k for k in ("lr", "rho", "betas", "prior_precision", "damping") if k not in group]
+            if missing:
+                raise ValueError(
+                    f"BayesianSAM.load_state_dict: param group {i} lacks {missing}; the state dict was "
+                    "not produced by BayesianSAM.state_dict()"
+                )
         gen = sd.pop("generator", None)
         super().load_state_dict(sd)
         if gen is not None:
