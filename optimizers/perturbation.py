@@ -77,6 +77,9 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from landscape.checks import check_nonnegative
+from optimizers.state import check_state_dict, tag_state_dict
+
 __all__ = [
     "NORM_GUARD",
     "PerturbationOptimizer",
@@ -86,7 +89,7 @@ __all__ = [
     "bn_restore",
     "bn_update_disabled",
     "make_closure",
-    "check_nonnegative",
+    "check_nonnegative",  # re-exported from landscape.checks
 ]
 
 NORM_GUARD = 1e-12  # added to ||g|| before dividing (official SAM code: 1e-12)
@@ -108,16 +111,6 @@ def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 def params_with_grad(param_groups: Iterable[dict[str, Any]]) -> list[tuple[dict[str, Any], torch.Tensor]]:
     """``(group, param)`` for every parameter whose ``.grad`` is not ``None`` (others are skipped)."""
     return [(g, p) for g in param_groups for p in g["params"] if p.grad is not None]
-
-
-def check_nonnegative(name: str, value: Any) -> None:
-    """Raise a clear ``ValueError`` unless ``value`` is a finite number ``>= 0``."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {value!r}") from None
-    if not v >= 0 or v != v or v == float("inf"):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}; pass e.g. {name}=0.05")
 
 
 def bn_snapshot(model: nn.Module | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -222,6 +215,8 @@ class PerturbationOptimizer(torch.optim.Optimizer):
     """
 
     passes: int = 2
+    #: hyperparameters that must be finite and >= 0 in every param group (per-group values too)
+    _nonnegative_hparams: tuple[str, ...] = ("lr", "rho")
 
     def __init__(
         self,
@@ -244,6 +239,9 @@ class PerturbationOptimizer(torch.optim.Optimizer):
             check_nonnegative("lr", base_kwargs["lr"])
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"m (number of sub-batches for m-sharpness) must be an int >= 1, got {m!r}")
+        for key in self._nonnegative_hparams:
+            if key in (defaults or {}):
+                check_nonnegative(key, defaults[key])
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module or None, got {type(model).__name__}")
         own = dict(defaults or {})
@@ -260,12 +258,20 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         self.last: dict[str, Any] = {}
 
     # ---- param groups / state ---------------------------------------------------------------
+    def _check_group(self, group: dict[str, Any], index: int) -> None:
+        """Per-group hyperparameters obey the same rules as the constructor's arguments."""
+        for key in self._nonnegative_hparams:
+            if key in group:
+                check_nonnegative(f"{key} (param group {index})", group[key])
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if "base_optimizer" not in self.__dict__:  # during __init__
             super().add_param_group(param_group)
+            self._check_group(self.param_groups[-1], len(self.param_groups) - 1)
             return
         for k, v in self._own_defaults.items():
             param_group.setdefault(k, v)
+        self._check_group(param_group, len(self.param_groups))
         self.base_optimizer.add_param_group(param_group)
         self.param_groups = self.base_optimizer.param_groups
 
@@ -278,16 +284,26 @@ class PerturbationOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         sd = super().state_dict()
         sd["base_optimizer"] = self.base_optimizer.state_dict()
+        sd["base_optimizer_class"] = type(self.base_optimizer).__name__
         sd["extra"] = self._extra_state()
-        return sd
+        return tag_state_dict(sd, self, self.param_groups)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        sd = dict(state_dict)
-        if "base_optimizer" not in sd:
+        if isinstance(state_dict, dict) and "base_optimizer" not in state_dict:
             raise ValueError(
                 "state_dict has no 'base_optimizer' entry; pass a dict produced by this optimizer's "
                 "state_dict()"
             )
+        sd = check_state_dict(state_dict, self, self.param_groups, required=("state", "param_groups"))
+        base_cls = sd.pop("base_optimizer_class", None)
+        if base_cls is not None and base_cls != type(self.base_optimizer).__name__:
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: the state dict's base optimizer is a {base_cls}, "
+                f"this one's is a {type(self.base_optimizer).__name__}; build the optimizer with the same "
+                "base_optimizer class"
+            )
+        for i, group in enumerate(sd["param_groups"]):
+            self._check_group(group, i)
         base_sd = sd.pop("base_optimizer")
         extra = sd.pop("extra", {})
         super().load_state_dict(sd)

@@ -25,8 +25,9 @@ Used by :class:`optimizers.MFVI`, :class:`optimizers.BayesianSAM` and the SAM fa
     The model is run in eval mode under ``torch.no_grad()``; its parameters, buffers, ``.grad`` and
     train/eval mode are left exactly as they were.
 
-``check_nonneg``, ``check_positive``, ``check_closure_loss``
-    Validation helpers with error messages that name the argument and the fix.
+``check_nonneg``, ``check_positive``, ``check_num_data``, ``check_closure_loss``
+    Validation helpers with error messages that name the argument and the fix (the first two are
+    :mod:`landscape.checks`').
 
 ``resolve_generator(seed, generator, device)``
     The generator convention of this package: an explicit ``generator`` wins; else a new one on
@@ -43,31 +44,22 @@ from typing import Any
 import torch
 from torch import nn
 
+from landscape.checks import check_nonnegative, check_positive, check_seed
+
 __all__ = ["DiagonalGaussianPosterior", "bayesian_model_average", "resolve_generator", "probabilities"]
 
 
-def check_nonneg(name: str, value: float) -> None:
-    """Raise a ValueError naming ``name`` unless ``value`` is a finite number ``>= 0``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not value >= 0
-        or value == float("inf")
-    ):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-
-
-def check_positive(name: str, value: float) -> None:
-    """Raise a ValueError naming ``name`` unless ``value`` is a finite number ``> 0``."""
-    check_nonneg(name, value)
-    if value == 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
+# the argument checks are landscape.checks' (one set for the whole project); the short names below
+# are kept for the modules of this package
+check_nonneg = check_nonnegative
 
 
 def check_num_data(num_data: Any) -> None:
-    """Raise a ValueError unless ``num_data`` (the training-set size N) is an int ``> 0``."""
-    if not isinstance(num_data, int) or isinstance(num_data, bool) or num_data <= 0:
-        raise ValueError(f"num_data must be a positive int (the training-set size N), got {num_data!r}")
+    """Raise unless ``num_data`` (the training-set size N) is an integer ``> 0`` (not a bool/float)."""
+    try:
+        check_positive("num_data (the training-set size N)", num_data, integer=True)
+    except ValueError as exc:  # ArgumentTypeError is a ValueError too
+        raise type(exc)(f"{exc}; pass the number of training examples, e.g. num_data=len(dataset)") from None
 
 
 def check_closure_loss(loss: Any, who: str) -> torch.Tensor:
@@ -90,10 +82,10 @@ def resolve_generator(
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         return generator, seed
+    check_seed(seed, allow_generator=False)
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int or None, got {seed!r}")
+    seed = int(seed)
     gen = torch.Generator(device=torch.device(device) if device is not None else "cpu")
     gen.manual_seed(seed)
     return gen, seed
@@ -181,8 +173,9 @@ def bayesian_model_average(
         raise TypeError(
             "posterior must be an optimizer with a diagonal-Gaussian posterior (MFVI, BayesianSAM, ...)"
         )
-    if not isinstance(samples, int) or samples < 0 or (samples == 0 and not include_mean):
-        raise ValueError(f"samples must be a non-negative int (>0 unless include_mean=True), got {samples!r}")
+    check_nonnegative("samples", samples, integer=True)
+    if samples == 0 and not include_mean:
+        raise ValueError("samples must be > 0 unless include_mean=True (nothing to average otherwise)")
     was_training = {m: m.training for m in model.modules()}
     total: torch.Tensor | None = None
     count = 0

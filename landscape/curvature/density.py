@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from landscape.checks import check_int, check_positive, check_seed
 from landscape.curvature.linop import as_linop, make_generator, rademacher, seed_config
 from landscape.results import Result
 
@@ -155,19 +156,32 @@ def spectral_density(
     from scipy.linalg import eigh_tridiagonal
 
     t0 = time.perf_counter()
+    check_positive("runs", runs, integer=True)
+    check_positive("lanczos_steps", lanczos_steps, integer=True)
+    if sigma is not None:
+        check_positive("sigma", sigma)
+    check_seed(seed)
+    g_given = None
+    if grid is None or isinstance(grid, (int, np.integer)):
+        npts = 1000 if grid is None else check_int("grid", grid, minimum=2)
+    else:
+        g_given = torch.as_tensor(grid, dtype=torch.float64).flatten()
+        if g_given.numel() == 0 or not bool(torch.isfinite(g_given).all()):
+            raise ValueError(
+                "grid must be a number of points (int >= 2) or a non-empty tensor of finite values"
+            )
     A = as_linop(op)
     p = A.p
-    if not isinstance(runs, int) or runs < 1:
-        raise ValueError(f"runs must be a positive integer, got {runs!r}")
-    if not isinstance(lanczos_steps, int) or lanczos_steps < 1:
-        raise ValueError(f"lanczos_steps must be a positive integer, got {lanczos_steps!r}")
-    if sigma is not None and not sigma > 0:
-        raise ValueError(f"sigma must be positive, got {sigma}")
     steps = min(lanczos_steps, p)
     gen = make_generator(seed)
     if probes is not None:
+        if not isinstance(probes, torch.Tensor) or probes.numel() == 0 or probes.numel() % p:
+            got = tuple(probes.shape) if isinstance(probes, torch.Tensor) else type(probes).__name__
+            raise ValueError(f"probes must be a tensor of shape [p, runs] with p = {p}, got {got}")
         V0 = probes.reshape(p, -1).to(device=A.device, dtype=torch.float64)
         runs = V0.shape[1]
+        if not bool(torch.isfinite(V0).all()):
+            raise ValueError("probes contain NaN or inf entries; pass finite start vectors")
         if bool((torch.linalg.vector_norm(V0, dim=0) == 0).any()):
             raise ValueError("probes must be non-zero vectors")
     else:
@@ -190,13 +204,10 @@ def spectral_density(
     lo, hi = float(all_nodes.min()), float(all_nodes.max())
     if sigma is None:
         sigma = 0.01 * (hi - lo) if hi > lo else 1e-3 * max(abs(hi), 1.0)
-    if grid is None or isinstance(grid, int):
-        npts = 1000 if grid is None else grid
-        if npts < 2:
-            raise ValueError(f"grid needs at least 2 points, got {npts}")
+    if g_given is None:
         g = torch.linspace(lo - 5 * sigma, hi + 5 * sigma, npts, dtype=torch.float64)
     else:
-        g = torch.as_tensor(grid, dtype=torch.float64).flatten()
+        g = g_given
     gn = g.numpy()[:, None]
     dens = np.zeros(gn.shape[0])
     for th, w in zip(nodes, weights):

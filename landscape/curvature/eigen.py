@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from landscape.checks import check_choice, check_nonnegative, check_positive, check_seed
 from landscape.curvature.linop import as_linop, blocks, gaussian, make_generator, seed_config
 from landscape.results import Result
 
@@ -77,15 +78,22 @@ def _order(theta: torch.Tensor, which: str) -> torch.Tensor:
     return torch.argsort(theta.abs(), descending=True)
 
 
-def _check_args(k: int, which: str, tol: float, atol: float, p: int) -> None:
-    if which not in _WHICH:
-        raise ValueError(f"which must be one of {_WHICH}, got {which!r}")
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
+def _check_args(k: Any, which: str, tol: Any, atol: Any, max_matvecs: Any, seed: Any) -> None:
+    """Checks that do not need the operator (so they also run before ``per_layer`` splits it)."""
+    check_choice("which", which, _WHICH)
+    check_positive("k", k, integer=True)
+    check_nonnegative("tol", tol)
+    check_nonnegative("atol", atol)
+    if tol == 0 and atol == 0:
+        raise ValueError("tol and atol are both zero: no pair could ever be converged; pass tol > 0")
+    if max_matvecs is not None:
+        check_positive("max_matvecs", max_matvecs, integer=True)
+    check_seed(seed)
+
+
+def _check_dim(k: int, p: int) -> None:
     if k > p:
-        raise ValueError(f"k = {k} exceeds the operator dimension p = {p}")
-    if tol < 0 or atol < 0 or (tol == 0 and atol == 0):
-        raise ValueError(f"need tol >= 0 and atol >= 0, not both zero (got tol={tol}, atol={atol})")
+        raise ValueError(f"k = {k} exceeds the operator dimension p = {p}; pass k <= {p}")
 
 
 def _cgs2(V: torch.Tensor, W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,7 +192,16 @@ def eigenvalues(
         return_vectors=return_vectors,
         progress=progress,
     )
+    _check_args(k, which, tol, atol, max_matvecs, seed)
+    check_positive("block_size", block_size, integer=True)
+    for name, value in (("ncv", ncv), ("restart_keep", restart_keep)):
+        if value is not None:
+            check_positive(name, value, integer=True)
+    if v0 is not None and not isinstance(v0, torch.Tensor):
+        raise TypeError(f"v0 must be a torch.Tensor of shape [p] or [p, b], got {type(v0).__name__}")
     if per_layer is not False:
+        if v0 is not None:
+            raise ValueError("v0 cannot be combined with per_layer (each block has its own dimension)")
         gen = make_generator(seed)
         out = {}
         for name, blk in blocks(op, per_layer).items():
@@ -195,9 +212,12 @@ def eigenvalues(
     t0 = time.perf_counter()
     A = as_linop(op)
     p = A.p
-    _check_args(k, which, tol, atol, p)
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    _check_dim(k, p)
+    if v0 is not None:
+        if v0.numel() == 0 or v0.numel() % p:
+            raise ValueError(f"v0 must have shape [p] or [p, b] with p = {p}, got {tuple(v0.shape)}")
+        if not bool(torch.isfinite(v0).all()) or not bool(v0.reshape(p, -1).abs().sum(0).gt(0).all()):
+            raise ValueError("v0 must be finite and every start vector non-zero")
     b = block_size
     if ncv is None:
         ncv = max(2 * k + 10, 20)
@@ -355,8 +375,10 @@ def power_iteration(
     """
     t0 = time.perf_counter()
     A = as_linop(op)
+    _check_args(k, "largest_magnitude", tol, atol, max_matvecs, seed)
+    check_positive("max_iter", max_iter, integer=True)
     p = A.p
-    _check_args(k, "largest_magnitude", tol, atol, p)
+    _check_dim(k, p)
     if max_matvecs is None:
         max_matvecs = k * max_iter
     if max_matvecs < k:

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from landscape.checks import check_int, check_seed
+
 __all__ = ["LinOp", "as_linop", "blocks", "make_generator", "is_objective"]
 
 
@@ -65,6 +67,12 @@ class LinOp:
             out = torch.as_tensor(np.asarray(out))
         out = out.to(device=self.device, dtype=torch.float64).reshape(self.p, V.shape[1])
         self.matvecs += V.shape[1]
+        if not bool(torch.isfinite(out).all()):
+            raise ValueError(
+                f"the operator ({self.source}) returned NaN/inf in a matrix-vector product: the loss or "
+                "its curvature is not finite at this point; check the parameters and the data (or "
+                "evaluate in float64)"
+            )
         return out[:, 0] if vec else out
 
     __matmul__ = matmat
@@ -103,6 +111,8 @@ def as_linop(op: Any, *, device: str | torch.device | None = None) -> LinOp:
             raise TypeError(f"a dense operator must have a floating dtype, got {op.dtype}")
         if device is not None:
             op = op.to(device)
+        if not bool(torch.isfinite(op).all()):
+            raise ValueError("the dense matrix contains NaN or inf entries; pass a finite symmetric matrix")
         _check_symmetric(op)
         A = op.detach()
         return LinOp(lambda V: A @ V, A.shape[0], A.dtype, A.device, "dense", base=None)
@@ -169,9 +179,9 @@ def blocks(op: Any, per_layer: bool | Mapping[str, int]) -> dict[str, Any]:
       otherwise the diagonal block of the operator by index range.
     """
     if isinstance(per_layer, Mapping):
-        sizes = {str(k): int(v) for k, v in per_layer.items()}
+        sizes = {str(k): check_int(f"per_layer[{k!r}]", v, minimum=1) for k, v in per_layer.items()}
         lin = as_linop(op)
-        if sum(sizes.values()) != lin.p or any(v <= 0 for v in sizes.values()):
+        if sum(sizes.values()) != lin.p:
             raise ValueError(
                 f"per_layer sizes {list(sizes.values())} must be positive and add up to p = {lin.p}"
             )
@@ -202,13 +212,10 @@ def blocks(op: Any, per_layer: bool | Mapping[str, int]) -> dict[str, Any]:
 
 def make_generator(seed: int | torch.Generator | None) -> torch.Generator:
     """A CPU generator from a seed (probes are drawn on the CPU, then moved: device-independent)."""
+    check_seed(seed)
     if isinstance(seed, torch.Generator):
         return seed
-    if seed is None:
-        seed = 0
-    if not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int or a torch.Generator, got {type(seed).__name__}")
-    return torch.Generator().manual_seed(int(seed))
+    return torch.Generator().manual_seed(0 if seed is None else int(seed))
 
 
 def rademacher(p: int, k: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:

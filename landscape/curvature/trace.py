@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from landscape.checks import check_choice, check_nonnegative, check_number, check_positive, check_seed
 from landscape.curvature.linop import as_linop, blocks, make_generator, rademacher, seed_config
 from landscape.results import Result
 
@@ -46,7 +47,8 @@ _METHODS = ("auto", "hutchinson", "hutchpp", "xtrace", "exact")
 
 def _tq(level: float, dof: int) -> float:
     """Two-sided Student-t quantile (normal for ``dof`` = 0 / infinite)."""
-    if not 0.0 < level < 1.0:
+    check_number("level", level)
+    if not 0.0 < level < 1.0:  # NaN fails too
         raise ValueError(f"level must lie in (0, 1), got {level}")
     from scipy import stats
 
@@ -277,13 +279,19 @@ def trace(
         per_layer: ``True`` or ``{name: size}``: a dict ``name -> TraceResult`` per diagonal block.
         progress: tqdm bar over matvecs.
     """
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    if rtol < 0 or atol < 0:
-        raise ValueError(f"rtol and atol must be >= 0, got rtol={rtol}, atol={atol}")
+    check_choice("method", method, _METHODS)
+    check_nonnegative("rtol", rtol)
+    check_nonnegative("atol", atol)
+    check_positive("max_matvecs", max_matvecs, integer=True)
     if max_matvecs < 2:
         raise ValueError(f"max_matvecs must be at least 2, got {max_matvecs}")
     _tq(level, 0)
+    check_seed(seed)
+    check_positive("block", block, integer=True)
+    check_nonnegative("min_samples", min_samples, integer=True)
+    check_positive("pilot", pilot, integer=True)
+    if sketch is not None:
+        check_positive("sketch", sketch, integer=True)
     kwargs = dict(
         method=method,
         rtol=rtol,
@@ -434,10 +442,12 @@ def diagonal(
     standard deviation of ``z_kj (A z_k)_j`` over ``sqrt(n)``; its variance is
     ``sum_{i != j} A_ji^2`` per sample.  ``"exact"``: ``p`` unit-vector matvecs, zero error.
     """
-    if method not in ("hutchinson", "exact"):
-        raise ValueError(f"method must be 'hutchinson' or 'exact', got {method!r}")
+    check_choice("method", method, ("hutchinson", "exact"))
+    check_number("samples", samples, integer=True)
     if samples < 2:
         raise ValueError(f"samples must be at least 2 (for a standard error), got {samples}")
+    check_seed(seed)
+    check_positive("block", block, integer=True)
     t0 = time.perf_counter()
     A = as_linop(op)
     config = {"method": method, "samples": samples, "seed": seed_config(seed), "operator": A.config()}

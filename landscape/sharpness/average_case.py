@@ -108,6 +108,11 @@ def directional(
         ds = [torch.as_tensor(d).reshape(-1).to(ctx.w0) for d in directions]
         if len(ds) < 2 or any(d.numel() != ctx.p for d in ds):
             raise ValueError(f"directions must be an int or a list of >= 2 flat vectors of length {ctx.p}")
+        for i, d in enumerate(ds):
+            if not bool(torch.isfinite(d).all()):
+                raise ValueError(f"directions[{i}] contains NaN or inf entries; pass finite vectors")
+            if not bool(d.any()):
+                raise ValueError(f"directions[{i}] is all zero: the loss rise along it is 0 by construction")
         given = True
     loss0 = ctx.loss()
     rises = [ctx.loss(ctx.w0 + radius * d) - loss0 for d in ctx.tqdm(ds, desc="directions", leave=False)]

@@ -11,10 +11,12 @@ unchanged, because ``c = |w|`` transforms like ``w`` (Kwon et al. 2021, ASAM, Se
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from landscape.checks import check_choice, check_positive, check_seed
 
 __all__ = [
     "Ctx",
@@ -29,32 +31,14 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------
-# argument checking
+# randomness (the argument checks are landscape.checks', re-exported here for the measures)
 # --------------------------------------------------------------------------------------------
-def check_positive(name: str, value: Any, *, allow_zero: bool = False, integer: bool = False) -> None:
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type:
-        kind = "an integer" if integer else "a number"
-        raise TypeError(f"{name} must be {kind}, got {type(value).__name__} ({value!r})")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
-
-
-def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
-    choices = tuple(choices)
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-
-
 def make_generator(seed: int | torch.Generator | None) -> tuple[torch.Generator, int | None]:
     """A CPU generator (draws are made on the CPU and moved, so results match across devices)."""
+    check_seed(seed)
     if isinstance(seed, torch.Generator):
         return seed, None
-    if seed is None:
-        seed = 0
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int or a torch.Generator, got {type(seed).__name__}")
+    seed = 0 if seed is None else int(seed)
     return torch.Generator().manual_seed(seed), seed
 
 
@@ -83,6 +67,12 @@ class Ctx:
         self.progress = progress
         self.counts = counts if counts is not None else {"loss": 0, "gradient": 0, "hvp": 0}
         self.w0 = obj.flat_params().detach()
+        bad = int((~torch.isfinite(self.w0)).sum())
+        if bad:
+            raise ValueError(
+                f"{bad} of the {self.w0.numel()} selected parameters are NaN or inf: sharpness is "
+                "undefined there; check the model (e.g. a diverged training run)"
+            )
 
     def child(self, obj) -> Ctx:
         """Context for another objective (sub-batch, other loss) sharing these counters."""
@@ -92,17 +82,39 @@ class Ctx:
     def p(self) -> int:
         return self.w0.numel()
 
+    def _where(self, w: torch.Tensor | None) -> str:
+        at_w0 = w is None or w is self.w0 or torch.equal(w.to(self.w0), self.w0)
+        return "at w0" if at_w0 else "at a perturbed point"
+
+    def _finite(self, what: str, value: float | torch.Tensor, w: torch.Tensor | None) -> None:
+        """Raise a clear error for a non-finite loss or gradient (the objective checks each batch's
+        loss; a NaN gradient with a finite loss, e.g. from ``sqrt`` at 0, is caught here)."""
+        t = torch.as_tensor(value)
+        if not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ValueError(
+                f"non-finite {what} {self._where(w)} ({bad} NaN/inf of {t.numel()} entries): "
+                "the sharpness measure would be NaN; check the loss function (e.g. log/sqrt at 0), "
+                "the data and the parameters, or evaluate in float64"
+            )
+
     def loss(self, w: torch.Tensor | None = None) -> float:
         self.counts["loss"] += 1
-        return float(self.obj.loss(self.w0 if w is None else w))
+        value = float(self.obj.loss(self.w0 if w is None else w))
+        self._finite("loss", value, w)
+        return value
 
     def gradient(self, w: torch.Tensor | None = None) -> torch.Tensor:
         self.counts["gradient"] += 1
-        return self.obj.gradient(self.w0 if w is None else w).detach().reshape(-1)
+        grad = self.obj.gradient(self.w0 if w is None else w).detach().reshape(-1)
+        self._finite("gradient", grad, w)
+        return grad
 
     def loss_grad(self, w: torch.Tensor | None = None) -> tuple[float, torch.Tensor]:
         self.counts["gradient"] += 1
         loss, grad = self.obj.loss_and_gradient(self.w0 if w is None else w)
+        self._finite("loss", loss, w)
+        self._finite("gradient", grad, w)
         return float(loss), grad.detach().reshape(-1)
 
     def evaluate(self, w: torch.Tensor | None = None) -> dict[str, float | None]:
@@ -150,8 +162,8 @@ def make_scale(
         c = scale.detach().reshape(-1).to(ctx.w0)
         if c.numel() != ctx.p:
             raise ValueError(f"scale tensor has {c.numel()} entries, the objective has {ctx.p} parameters")
-        if not bool(torch.all(c > 0)):
-            raise ValueError("a scale tensor must be strictly positive")
+        if not bool(torch.all(c > 0)) or not bool(torch.isfinite(c).all()):
+            raise ValueError("a scale tensor must be finite and strictly positive (no 0, NaN or inf)")
         return c, {"scale": "custom"}
     check_choice("scale", scale, ("none", "adaptive", "fisher"))
     check_positive("eta", eta, allow_zero=True)
@@ -279,4 +291,6 @@ def per_example_gradients(
         else:
             acc.append(c * (flat**2).sum(1))
     ctx.counts["gradient"] += 1  # one pass of per-example gradients counts as one gradient
-    return acc if square_sum else torch.cat(acc)
+    out = acc if square_sum else torch.cat(acc)
+    ctx._finite("per-example gradients", out, None)
+    return out

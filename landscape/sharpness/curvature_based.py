@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from landscape.checks import check_seed
 from landscape.sharpness.common import (
     Ctx,
     check_choice,
@@ -42,6 +43,11 @@ def lambda_max(
 
     check_positive("k", k, integer=True)
     check_positive("tol", tol)
+    if max_matvecs is not None:
+        check_positive("max_matvecs", max_matvecs, integer=True)
+    check_seed(seed)
+    if k > ctx.p:
+        raise ValueError(f"k = {k} exceeds the number of parameters p = {ctx.p}; pass k <= {ctx.p}")
     op = hessian(ctx.obj)
     kw: dict[str, Any] = dict(tol=tol, seed=seed, return_vectors=False)
     if max_matvecs is not None:
@@ -154,6 +160,8 @@ def gradient_norm(
     (VSAM seed, eq. 1 and Prop. 1): SAM's first-order penalty ``sqrt(p) ||g||_Sigma = rho ||c g||_2``
     is in ``extra["sam_penalty"]`` (the small-``rho`` limit of the one-step worst case)."""
     check_positive("rho", rho)
+    if adaptive and scale not in (None, "adaptive"):
+        raise ValueError(f"adaptive=True conflicts with scale={scale!r}; pass only one of them")
     if adaptive:
         scale = "adaptive"
     c, scale_cfg = make_scale(ctx, scale, eta, fisher=fisher)
@@ -186,9 +194,10 @@ def tracer(
     the per-batch gradients fluctuate a lot relative to their mean.
     """
     check_positive("delta", delta, allow_zero=True)
-    g = ctx.gradient()
     if f_bar is None:
         check_positive("batch_size", batch_size, integer=True)
+    g = ctx.gradient()
+    if f_bar is None:
         batches = split_data(ctx.obj, batch_size)
         acc = torch.zeros_like(g)
         for x, y in ctx.tqdm(batches, desc="f_bar", leave=False):
@@ -200,6 +209,8 @@ def tracer(
         fb = fb.reshape(-1).to(g)
         if fb.numel() != ctx.p:
             raise ValueError(f"f_bar has {fb.numel()} entries but the objective has {ctx.p} parameters")
+        if not bool(torch.isfinite(fb).all()):
+            raise ValueError("f_bar contains NaN or inf entries; pass a finite average of squared gradients")
         if bool(torch.any(fb < 0)):
             raise ValueError("f_bar must be non-negative (an average of squared gradients)")
         source = "given"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from landscape.sharpness.common import Ctx, check_choice, check_positive, make_generator
-from landscape.sharpness.worst_case import _solve
+from landscape.sharpness.worst_case import SOLVERS, _solve
 
 
 def _criterion(ctx: Ctx, criterion: str) -> tuple[str, Callable[[torch.Tensor | None], float]]:
@@ -173,6 +173,9 @@ def sharpness_flatness(
     check_positive("steps", steps, integer=True)
     check_positive("epsilon", epsilon, allow_zero=True)
     check_positive("start", start)
+    check_choice("solver", solver, SOLVERS)
+    check_positive("iterations", iterations, integer=True)
+    check_positive("restarts", restarts, integer=True)
     gen, seed_value = make_generator(seed)
     criterion, crit = _criterion(ctx, criterion)
     base = crit(None)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from landscape.checks import check_nonnegative, check_probability
 from landscape.sharpness.common import (
     Ctx,
     check_choice,
@@ -232,10 +233,11 @@ def worst_case(
     check_choice("solver", solver, SOLVERS)
     check_positive("iterations", iterations, integer=True)
     check_positive("restarts", restarts, integer=True)
-    if not 0.0 <= momentum <= 1.0:
-        raise ValueError(f"momentum must lie in [0, 1], got {momentum}")
+    check_probability("momentum", momentum)
     if step is not None:
         check_positive("step", step)
+    if m is not None:
+        check_positive("m", m, integer=True)
     if adaptive and scale not in (None, "adaptive"):
         raise ValueError(f"adaptive=True conflicts with scale={scale!r}; pass only one of them")
     if adaptive:
@@ -268,7 +270,6 @@ def worst_case(
         delta = c * u
         extra = {"loss": loss0, "perturbed_loss": best, "delta_norm": float(delta.norm())}
         return {"value": best - loss0, "stderr": None, "config": cfg, "extra": extra}
-    check_positive("m", m, integer=True)
     batches = split_data(obj, m)
     weights = sub_batch_weights(obj, [len(y) for _, y in batches])
     rises = []
@@ -408,9 +409,11 @@ def perturbation_robustness(
     2021, as in the FSAM paper Sec. 5.4 with ``alpha`` from 0.1 to 5.0), and after Gaussian noise of
     the same norm ``w + alpha xi/||xi||`` (mean over ``noise_samples`` draws) for comparison.
     The curves are in ``extra``; ``value`` is the mean adversarial loss rise over the grid."""
-    alphas = [float(a) for a in alphas]
-    if not alphas or any(not math.isfinite(a) or a < 0 for a in alphas):
-        raise ValueError(f"alphas must be a non-empty list of finite numbers >= 0, got {alphas}")
+    if isinstance(alphas, (str, bytes)) or not hasattr(alphas, "__iter__"):
+        raise TypeError(f"alphas must be a list of finite numbers >= 0, got {alphas!r}")
+    alphas = [check_nonnegative(f"alphas[{i}]", a) for i, a in enumerate(alphas)]
+    if not alphas:
+        raise ValueError("alphas is empty: pass a non-empty list of finite numbers >= 0")
     check_positive("noise_samples", noise_samples, integer=True)
     gen, seed_value = make_generator(seed)
     loss0, g = ctx.loss_grad()

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape.checks import check_int, check_positive, check_seed
+
 __all__ = ["Direction", "DirectionSet", "random", "eigen", "pca", "between", "named_parameters_of"]
 
 _NORMALIZATIONS = ("filter", "layer", "weight", "model", None)
@@ -87,11 +89,9 @@ def _generator(seed: int | torch.Generator | None) -> tuple[torch.Generator, Any
         if seed.device.type != "cpu":
             raise ValueError("pass a CPU torch.Generator (directions are drawn on CPU in float64)")
         return seed, "generator"
-    if seed is None:
-        seed = 0
-    if not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int or a torch.Generator, got {type(seed).__name__}")
-    return torch.Generator().manual_seed(int(seed)), int(seed)
+    check_seed(seed)
+    seed = 0 if seed is None else int(seed)
+    return torch.Generator().manual_seed(seed), seed
 
 
 def _rescale_filters(d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -140,8 +140,10 @@ def random(
     """
     if normalization not in _NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {_NORMALIZATIONS}, got {normalization!r}")
-    if ignore_1d not in (True, False, "weight"):
+    if not any(ignore_1d is v for v in (True, False)) and ignore_1d != "weight":
         raise ValueError(f"ignore_1d must be True, False or 'weight', got {ignore_1d!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be None or a floating torch.dtype such as torch.float32, got {dtype!r}")
     theta = named_parameters_of(model_or_obj)
     gen, seed_desc = _generator(seed)
     out: dict[str, torch.Tensor] = {}
@@ -189,8 +191,7 @@ def eigen(
     """
     if not _is_objective(obj):
         raise TypeError("eigen directions need a landscape.Objective (the Hessian of its loss)")
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+    check_positive("k", k, integer=True)
     from landscape.curvature.eigen import eigenvalues  # lazy: the curvature core is optional here
 
     res = eigenvalues(obj, k=k, which=which, seed=seed, tol=tol, **kwargs)
@@ -266,8 +267,7 @@ def pca(
     """
     mat, names, shapes = _trajectory_matrix(trajectory)
     T, p = mat.shape
-    if not isinstance(k, int) or not 1 <= k <= min(T, p):
-        raise ValueError(f"k must be an int in [1, min(T, p)] = [1, {min(T, p)}], got {k!r}")
+    check_int("k", k, minimum=1, maximum=min(T, p))
     if isinstance(origin, str):
         if origin not in ("last", "first"):
             raise ValueError(f"origin must be 'last', 'first', a model or a dict, got {origin!r}")
@@ -275,12 +275,29 @@ def pca(
         origin_desc = origin
     else:
         od = named_parameters_of(origin)
+        missing = [n for n in names if n not in od]
+        wrong = [n for n, shp in zip(names, shapes) if n in od and tuple(od[n].shape) != tuple(shp)]
+        if missing or wrong:
+            raise ValueError(
+                f"origin does not match the trajectory: missing {missing}, other shapes {wrong}; pass "
+                "the model (or dict) the trajectory was recorded from"
+            )
         o = torch.cat([od[n].double().cpu().reshape(-1) for n in names])
         origin_desc = "given"
+    if not bool(torch.isfinite(mat).all()) or not bool(torch.isfinite(o).all()):
+        raise ValueError("the trajectory (or origin) contains NaN or inf weights; PCA is undefined")
     m = mat - o
     if center:
         m = m - m.mean(dim=0, keepdim=True)
     _, s, vt = torch.linalg.svd(m, full_matrices=False)
+    rank_tol = float(s[0]) * max(T, p) * torch.finfo(torch.float64).eps if s.numel() else 0.0
+    rank = int((s > rank_tol).sum())
+    if rank < k:
+        raise ValueError(
+            f"the {'centred ' if center else ''}trajectory has only {rank} non-zero principal "
+            f"component(s), so {k} PCA directions are undefined (a direction of zero variance is "
+            f"arbitrary); record more (distinct) points or ask for k <= {rank}"
+        )
     var = s**2 / max(T - 1, 1)
     ratio = var / var.sum() if float(var.sum()) > 0 else torch.zeros_like(var)
     ref = named_parameters_of(like) if like is not None else None

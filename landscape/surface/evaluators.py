@@ -3,8 +3,10 @@ computed once (linear_first_layer) and chunks of points under ``torch.func.vmap`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-__all__ = ["model_hash"]
+__all__ = ["data_fingerprint", "loss_fingerprint", "model_hash"]
 
 
 # ------------------------------------------------------------------------------------- utilities
@@ -32,6 +34,123 @@ def _hash_tensors(named: Mapping[str, torch.Tensor]) -> str:
 def model_hash(model: nn.Module) -> str:
     """Short sha256 of a model's parameters and buffers (names, dtypes, shapes, bytes)."""
     return _hash_tensors({**dict(model.named_parameters()), **dict(model.named_buffers())})
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
+def data_fingerprint(obj) -> tuple[str, int]:
+    """Short sha256 of the objective's inputs and targets, and the bytes they occupy (converted to
+    the objective's dtype/device, as the evaluators hold them).
+
+    One hash per stream (each input tensor, by position or key, and the targets) over the batches
+    in order, so the fingerprint depends on the examples and their order but not on how they are
+    cut into batches; dtypes and per-example shapes are hashed too.
+    """
+    from landscape.inputs import _tensors
+
+    streams: dict[str, tuple[Any, list[int], str]] = {}
+    nbytes = 0
+    for x, y, _ in obj.batches():
+        named = (
+            {f"input[{k!r}]": v for k, v in x.items()}
+            if isinstance(x, Mapping)
+            else {f"input[{i}]": v for i, v in enumerate(_tensors(x))}
+        )
+        named["targets"] = y
+        for key, t in named.items():
+            h, rows, meta = streams.setdefault(key, (hashlib.sha256(), [0], f"{t.dtype}{tuple(t.shape[1:])}"))
+            if meta != f"{t.dtype}{tuple(t.shape[1:])}":  # per-example shape changes: hash it in
+                h.update(f"|{t.dtype}{tuple(t.shape[1:])}|".encode())
+            h.update(_tensor_bytes(t))
+            rows[0] += int(t.shape[0]) if t.ndim else 1
+            nbytes += t.numel() * t.element_size()
+    total = hashlib.sha256()
+    for key in sorted(streams):
+        h, rows, meta = streams[key]
+        total.update(f"{key}:{meta}:{rows[0]}:{h.hexdigest()};".encode())
+    return total.hexdigest()[:16], nbytes
+
+
+def _defining(value: Any) -> bool:
+    """Values that define what a loss computes (numbers, strings, tensors, tuples of them, other
+    functions); mutable containers and other objects are taken as state (e.g. a call counter) and
+    left out of the fingerprint."""
+    if value is None or isinstance(
+        value, (bool, int, float, str, bytes, np.generic, torch.Tensor, np.ndarray)
+    ):
+        return True
+    if isinstance(value, tuple):
+        return all(_defining(v) for v in value)
+    return isinstance(value, (nn.Module, functools.partial)) or hasattr(value, "__code__")
+
+
+def _feed_callable(h: Any, fn: Any, depth: int = 0) -> None:
+    """Hash what determines a loss function's values: its class and defining attributes
+    (nn.Module: also its parameters and buffers), a function's qualified name, bytecode and captured
+    defining values, a partial's arguments."""
+    if depth > 4:
+        h.update(b"<deep>")
+        return
+    if isinstance(fn, torch.Tensor):
+        h.update(f"tensor{fn.dtype}{tuple(fn.shape)}".encode())
+        h.update(_tensor_bytes(fn))
+    elif isinstance(fn, np.ndarray):
+        _feed_callable(h, torch.from_numpy(np.ascontiguousarray(fn)), depth)
+    elif fn is None or isinstance(fn, (bool, int, float, str, bytes, np.generic)):
+        h.update(repr(fn).encode())
+    elif isinstance(fn, (tuple, list)):
+        h.update(f"{type(fn).__name__}{len(fn)}(".encode())
+        for v in fn:
+            _feed_callable(h, v, depth + 1)
+        h.update(b")")
+    elif isinstance(fn, Mapping):
+        for k in sorted(fn, key=repr):
+            h.update(repr(k).encode())
+            _feed_callable(h, fn[k], depth + 1)
+    elif isinstance(fn, functools.partial):
+        h.update(b"partial:")
+        _feed_callable(h, fn.func, depth + 1)
+        _feed_callable(h, list(fn.args), depth + 1)
+        _feed_callable(h, dict(fn.keywords), depth + 1)
+    elif isinstance(fn, nn.Module):
+        h.update(f"module:{type(fn).__module__}.{type(fn).__qualname__}".encode())
+        simple = {
+            k: v for k, v in vars(fn).items() if not k.startswith("_") and k != "training" and _defining(v)
+        }
+        _feed_callable(h, simple, depth + 1)
+        _feed_callable(h, {**dict(fn.named_parameters()), **dict(fn.named_buffers())}, depth + 1)
+    elif hasattr(fn, "__code__"):
+        code = fn.__code__
+        h.update(f"function:{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}".encode())
+        h.update(code.co_code)
+        consts = [c for c in code.co_consts if c is None or isinstance(c, (bool, int, float, str, bytes))]
+        h.update(repr(consts).encode())
+        h.update(repr(code.co_names).encode())
+        for cell in getattr(fn, "__closure__", None) or ():  # captured variables (e.g. a weight)
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if _defining(value):
+                _feed_callable(h, value, depth + 1)
+    else:  # another callable object: its class and simple attributes
+        h.update(f"object:{type(fn).__module__}.{type(fn).__qualname__}".encode())
+        attrs = getattr(fn, "__dict__", {})
+        _feed_callable(
+            h, {k: v for k, v in attrs.items() if not k.startswith("_") and _defining(v)}, depth + 1
+        )
+
+
+def loss_fingerprint(loss_fn: Any) -> str:
+    """Short sha256 of a loss function (see :func:`_feed_callable` for what is hashed)."""
+    h = hashlib.sha256()
+    _feed_callable(h, loss_fn)
+    return h.hexdigest()[:16]
 
 
 def _bn_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -59,6 +178,23 @@ class _Evaluator:
 
     name = "loop"
     want_accuracy = True
+
+    @staticmethod
+    def _perturbed_numel(obj, dirs) -> int:
+        names = {n for d in dirs for n in d}
+        tensors = {**obj.all_params(), **obj.buffers()}
+        return sum(tensors[n].numel() for n in names if n in tensors)
+
+    @classmethod
+    def workspace_bytes(cls, obj, dirs, bn_policy: str, n_points: int, batch_points: int, data_bytes: int):
+        """Bytes this evaluator allocates on ``obj.device`` beyond the model (an estimate made
+        before anything is allocated) and a short description of the largest part."""
+        item = torch.empty((), dtype=obj.dtype).element_size()
+        per_point = cls._perturbed_numel(obj, dirs) * item
+        if bn_policy != "eval":
+            per_point += sum(t.numel() * t.element_size() for t in obj.buffers().values())
+        cached = data_bytes if isinstance(getattr(obj, "_data", None), (list, tuple)) else 0
+        return cached + 2 * per_point, "the perturbed parameters of one point and the data"
 
     def __init__(self, obj, dirs, bn_policy: str):
         from landscape.inputs import _as_args, _num_correct
@@ -150,6 +286,21 @@ class _LinearFirstEvaluator(_Evaluator):
     so the three products are computed once per batch and combined per point."""
 
     name = "linear_first_layer"
+
+    @classmethod
+    def workspace_bytes(cls, obj, dirs, bn_policy: str, n_points: int, batch_points: int, data_bytes: int):
+        base, _ = super().workspace_bytes(obj, dirs, bn_policy, n_points, batch_points, data_bytes)
+        k = cls.split(obj.model)
+        first = list(obj.model)[k]
+        names = [f"{k}.weight", f"{k}.bias"]
+        touched = sum(1 for d in dirs if any(n in d for n in names))
+        item = torch.empty((), dtype=obj.dtype).element_size()
+        pre = obj.num_examples * first.out_features * (1 + touched) * item
+        desc = (
+            f"the first layer's outputs for all {obj.num_examples} examples, once plus once per "
+            f"direction ({1 + touched} x [{obj.num_examples}, {first.out_features}])"
+        )
+        return base + pre, desc
 
     @staticmethod
     def split(model: nn.Module) -> int | None:
@@ -262,6 +413,15 @@ class _VmapEvaluator(_Evaluator):
     """Chunks of points in one ``torch.func.vmap`` over stacked parameter dicts."""
 
     name = "vmap"
+
+    @classmethod
+    def workspace_bytes(cls, obj, dirs, bn_policy: str, n_points: int, batch_points: int, data_bytes: int):
+        base, _ = super().workspace_bytes(obj, dirs, bn_policy, n_points, batch_points, data_bytes)
+        chunk = max(1, min(batch_points, n_points))
+        item = torch.empty((), dtype=obj.dtype).element_size()
+        stacked = chunk * cls._perturbed_numel(obj, dirs) * item * (1 + len(dirs))
+        desc = f"{chunk} stacked copies of the perturbed parameters per vmap call (batch_points)"
+        return base + stacked, desc
 
     def evaluate(self, points):
         obj = self.obj

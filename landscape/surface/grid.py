@@ -13,7 +13,10 @@ Correctness by construction:
 * the caller's model is never written to (``functional_call`` with copies, inside ``obj.guard()``);
 * BatchNorm is handled by an explicit policy (``bn_policy``), recorded in the result;
 * progress is saved with a completion *mask* (not sentinel values), atomically, so an interrupted
-  run resumes (``resume=path``) to the same values.
+  run resumes (``resume=path``) to the same values; the file records fingerprints of the data and
+  the loss, and a resume on anything else is refused;
+* the memory a grid and a strategy need is estimated before anything is allocated: a grid that
+  cannot fit raises with its size and the fix.
 
 Evaluation strategies (``strategy``): ``"loop"`` (one ``functional_call`` pass per point),
 ``"linear_first_layer"`` (CPU default when the model is an ``nn.Sequential`` whose first
@@ -24,6 +27,8 @@ coordinates, so ``X W^T``, ``X D1^T``, ``X D2^T`` are computed once and combined
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 import sys
 import time
@@ -45,6 +50,8 @@ from landscape.surface.evaluators import (
     _hash_tensors,
     _LinearFirstEvaluator,
     _VmapEvaluator,
+    data_fingerprint,
+    loss_fingerprint,
     model_hash,
 )
 from landscape.surface.result import Surface, load_surface
@@ -101,15 +108,45 @@ def _check_inputs(obj, directions, coords):
                     f"directions[{i}] has an entry {n!r} that is neither a parameter nor a buffer "
                     "of the model"
                 )
+            if not isinstance(t, (torch.Tensor, np.ndarray)):
+                raise TypeError(f"directions[{i}][{n!r}] must be a tensor, got {type(t).__name__}")
+            t = torch.as_tensor(t)
             if tuple(t.shape) != tuple(ref.shape):
                 raise ValueError(
                     f"directions[{i}][{n!r}] has shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
                 )
             if n in buffers and not ref.is_floating_point():
                 raise ValueError(f"directions[{i}][{n!r}]: integer buffers cannot be perturbed")
-            dd[n] = torch.as_tensor(t).detach().to(device=obj.device, dtype=obj.dtype)
+            if not t.is_floating_point():
+                raise TypeError(
+                    f"directions[{i}][{n!r}] has dtype {t.dtype}; a direction must be a real floating "
+                    "tensor (it is cast to the objective's dtype)"
+                )
+            dd[n] = t.detach().to(device=obj.device, dtype=obj.dtype)
+            if not bool(torch.isfinite(dd[n]).all()):
+                raise ValueError(
+                    f"directions[{i}][{n!r}] contains NaN or inf (after casting to {obj.dtype}): every "
+                    "grid point except the centre would be NaN; pass a finite direction"
+                )
+        if not any(bool(t.any()) for t in dd.values()):
+            raise ValueError(
+                f"directions[{i}] is all zero: the surface would be constant along it; pass a non-zero "
+                "direction (e.g. ls.directions.random(obj))"
+            )
         dirs.append(dd)
     return dirs, cs
+
+
+def _check_coords_order(cs: list[np.ndarray]) -> None:
+    """Coordinates must be strictly increasing or strictly decreasing (plots, interpolation and
+    the grid's meaning all assume an ordered axis; a repeated value evaluates a point twice)."""
+    for i, a in enumerate(cs):
+        steps = np.diff(a)
+        if a.size > 1 and not (np.all(steps > 0) or np.all(steps < 0)):
+            raise ValueError(
+                f"coords[{i}] must be strictly increasing or strictly decreasing (no repeats), got "
+                f"{np.array2string(a, threshold=8)}; sort it, e.g. np.unique(coords)"
+            )
 
 
 def _resolve_strategy(strategy: str, obj, dirs, bn_policy: str) -> str:
@@ -136,6 +173,107 @@ def _resolve_strategy(strategy: str, obj, dirs, bn_policy: str) -> str:
     return "vmap" if vmap_ok else "loop"
 
 
+def _check_resume(old: Surface, resume: Any, config: dict, cs: list, metrics: tuple, train_bn: bool) -> None:
+    """Refuse to resume from a file computed with another configuration, naming what differs."""
+    problems = []
+    if len(old.coords) != len(cs) or any(
+        a.shape != b.shape or not np.array_equal(a, b) for a, b in zip(old.coords, cs)
+    ):
+        problems.append("coordinates")
+    for key in ("directions_hash", "model_hash", "bn_policy"):
+        if old.config.get(key) != config[key]:
+            problems.append(key)
+    old_obj, new_obj = old.config.get("objective", {}), config["objective"]
+    for key, what in (("num_examples", "data size"), ("loss", "loss"), ("reduction", "reduction"),
+                      ("dtype", "dtype"), ("mode", "mode")):  # fmt: skip
+        if old_obj.get(key) != new_obj.get(key):
+            problems.append(what)
+    for key, what in (
+        ("data_fingerprint", "data (a hash of the inputs and targets)"),
+        ("loss_fingerprint", "loss function (a hash of its code and settings)"),
+    ):
+        if old.config.get(key) is None:
+            problems.append(f"{what}: the file records none")
+        elif old.config[key] != config[key]:
+            problems.append(f"{what}: {old.config[key]} in the file, {config[key]} now")
+    if train_bn and old_obj.get("batch_sizes") != new_obj.get("batch_sizes"):
+        problems.append("batching (BatchNorm uses the statistics of each batch)")
+    missing_metrics = [m for m in metrics if m not in old.values]
+    if missing_metrics:
+        problems.append(f"metrics {missing_metrics}")
+    if problems:
+        raise ValueError(
+            f"cannot resume from {resume}: it was computed with different {'; '.join(problems)}; "
+            "delete the file or choose another resume path"
+        )
+
+
+def _hash_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    """Memory that can still be allocated on ``device`` (None when it cannot be determined)."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except Exception:  # no driver / not initialised: do not guess
+            return None
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**28 else f"{n / 2**20:.3g} MiB"
+
+
+def _check_grid_memory(shape: tuple[int, ...], n_metrics: int) -> None:
+    """The grid's host arrays (values, partial values and snapshots per metric, masks, point
+    indices) must fit in memory: checked before any of them is allocated."""
+    n_points = math.prod(shape)
+    per_point = 3 * 8 * n_metrics + 3 + 8 * len(shape)
+    need = n_points * per_point
+    avail = _available_bytes(torch.device("cpu"))
+    if avail is not None and need > avail:
+        dims = " x ".join(str(n) for n in shape)
+        raise ValueError(
+            f"a {dims} grid has {n_points:,} points and needs about {_gib(need)} of host memory for its "
+            f"values, masks and indices ({per_point} bytes per point), but only {_gib(avail)} is "
+            "available; use fewer coordinates per axis (a coarser or smaller grid)"
+        )
+
+
+def _check_workspace_memory(obj, cls, dirs, bn_policy, shape, batch_points, data_bytes, world) -> None:
+    """What the chosen strategy allocates on the objective's device, checked before allocating."""
+    n_points = -(-math.prod(shape) // world)
+    need, desc = cls.workspace_bytes(obj, dirs, bn_policy, n_points, batch_points, data_bytes)
+    avail = _available_bytes(obj.device)
+    if avail is None or need <= avail:
+        return
+    if cls.name == "vmap":
+        per = max(1, need // max(1, min(batch_points, n_points)))
+        fix = f"pass a smaller batch_points (about {max(1, avail // (2 * per))}) or strategy='loop'"
+    elif cls.name == "linear_first_layer":
+        fix = "use strategy='loop' (it keeps no per-example activations) or less data"
+    else:
+        fix = "use less data per Objective (e.g. a DataLoader, which is streamed) or a smaller model"
+    raise ValueError(
+        f"strategy {cls.name!r} would allocate about {_gib(need)} on {obj.device} for {desc}, but only "
+        f"{_gib(avail)} is available; {fix}"
+    )
+
+
 def surface(
     obj: Any,
     directions: Sequence[Mapping[str, torch.Tensor]],
@@ -157,7 +295,8 @@ def surface(
         obj: a ``landscape.Objective`` (model, loss, data, dtype/device, parameter selection).
         directions: one or two dicts name -> tensor (``ls.directions.random`` / ``eigen`` / ``pca``
             / ``between``); names may be parameters or floating buffers of the model.
-        coords: one 1-D array per direction (any length, order and range; ``0`` hits ``theta``).
+        coords: one 1-D array per direction: finite, strictly increasing or strictly decreasing,
+            any length and range (``0`` hits ``theta``).
         metrics: any of ``"loss"``, ``"accuracy"`` (accuracy is dropped with a warning when the
             targets are not class labels).
         bn_policy: BatchNorm statistics used at each point: ``"eval"`` (the stored running
@@ -171,7 +310,9 @@ def surface(
         progress: tqdm bar over grid points.
         resume: a file: if it exists (a partial or complete surface of the same configuration),
             only the points its mask lacks are evaluated; progress is saved there atomically every
-            ``checkpoint_every`` seconds and at the end.
+            ``checkpoint_every`` seconds and at the end. The configuration includes sha256
+            fingerprints of the data (inputs and targets) and of the loss function: a file computed
+            on other data of the same size, or with another loss, is refused.
         distributed: split the grid points across the ranks of an initialised
             ``torch.distributed`` process group (default: when one is initialised with > 1 rank)
             and gather the values on every rank (``all_reduce`` of disjoint parts).
@@ -198,8 +339,25 @@ def surface(
     if not isinstance(batch_points, int) or batch_points < 1:
         raise ValueError(f"batch_points must be a positive int, got {batch_points!r}")
     used = _resolve_strategy(strategy, obj, dirs, bn_policy)
+    _check_coords_order(cs)
+    rank, world = 0, 1
+    dist_on = False
+    if distributed is not False and torch.distributed.is_available() and torch.distributed.is_initialized():
+        world = torch.distributed.get_world_size()
+        rank = torch.distributed.get_rank()
+        dist_on = world > 1
+    elif distributed:
+        raise ValueError("distributed=True needs an initialised torch.distributed process group")
 
     shape = tuple(len(c) for c in cs)
+    cls = {"loop": _Evaluator, "linear_first_layer": _LinearFirstEvaluator, "vmap": _VmapEvaluator}[used]
+    _check_grid_memory(shape, len(metrics))
+    data_fp, data_bytes = data_fingerprint(obj)
+    if dist_on:  # one fingerprint on every rank: replicated data, or the shards in rank order
+        fps: list[Any] = [None] * world
+        torch.distributed.all_gather_object(fps, data_fp)
+        data_fp = fps[0] if len(set(fps)) == 1 else _hash_text("|".join(fps))
+    _check_workspace_memory(obj, cls, dirs, bn_policy, shape, batch_points, data_bytes, world)
     dir_desc = [dict(getattr(d, "config", {}) or {}) for d in directions]
     config = {
         "objective": obj.config(),
@@ -207,6 +365,8 @@ def surface(
         "directions_hash": _hash_tensors({f"{i}/{n}": t for i, d in enumerate(dirs) for n, t in d.items()}),
         "model_hash": model_hash(obj.model),
         "model_class": type(obj.model).__name__,
+        "data_fingerprint": data_fp,
+        "loss_fingerprint": loss_fingerprint(obj.loss_fn),
         "bn_policy": bn_policy,
         "metrics": list(metrics),
         "shape": list(shape),
@@ -220,43 +380,16 @@ def surface(
     mask = np.zeros(shape, dtype=bool)
     if resume is not None and Path(resume).exists():
         old = load_surface(resume)
-        problems = []
-        if len(old.coords) != len(cs) or any(
-            a.shape != b.shape or not np.array_equal(a, b) for a, b in zip(old.coords, cs)
-        ):
-            problems.append("coordinates")
-        for key in ("directions_hash", "model_hash", "bn_policy"):
-            if old.config.get(key) != config[key]:
-                problems.append(key)
-        old_obj, new_obj = old.config.get("objective", {}), config["objective"]
-        for key, what in (("num_examples", "data size"), ("loss", "loss"), ("reduction", "reduction"),
-                          ("dtype", "dtype"), ("mode", "mode")):  # fmt: skip
-            if old_obj.get(key) != new_obj.get(key):
-                problems.append(what)
-        missing_metrics = [m for m in metrics if m not in old.values]
-        if missing_metrics:
-            problems.append(f"metrics {missing_metrics}")
-        if problems:
-            raise ValueError(
-                f"cannot resume from {resume}: it was computed with different {', '.join(problems)}; "
-                "delete the file or choose another resume path"
-            )
+        _check_resume(
+            old, resume, config, cs, metrics, train_bn=bn_policy == "train" and bool(_bn_modules(obj.model))
+        )
         mask = np.asarray(old.mask, dtype=bool).copy()
         for m in metrics:
             values[m] = np.where(mask, old.values[m], np.nan)
 
-    idx_all = [tuple(int(v) for v in ix) for ix in np.argwhere(~mask)]
-    rank, world = 0, 1
-    dist_on = False
-    if distributed is not False and torch.distributed.is_available() and torch.distributed.is_initialized():
-        world = torch.distributed.get_world_size()
-        rank = torch.distributed.get_rank()
-        dist_on = world > 1
-    elif distributed:
-        raise ValueError("distributed=True needs an initialised torch.distributed process group")
+    idx_all = np.argwhere(~mask)  # [points, ndim] in row-major order
     mine = idx_all[rank::world] if dist_on else idx_all
 
-    cls = {"loop": _Evaluator, "linear_first_layer": _LinearFirstEvaluator, "vmap": _VmapEvaluator}[used]
     new_vals = {m: np.zeros(shape) for m in metrics}
     new_mask = np.zeros(shape, dtype=bool)
     accuracy_ok = True
@@ -289,7 +422,7 @@ def surface(
             ev.want_accuracy = "accuracy" in metrics
             step = batch_points
             for start in range(0, len(mine), step):
-                chunk = mine[start : start + step]
+                chunk = [tuple(int(v) for v in ix) for ix in mine[start : start + step]]
                 pts = [tuple(float(cs[a][ix[a]]) for a in range(len(cs))) for ix in chunk]
                 res = ev.evaluate(pts)
                 evaluations += len(pts)

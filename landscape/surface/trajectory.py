@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape.checks import check_positive
+
 __all__ = ["TrajectoryRecorder", "Projection", "project"]
 
 
@@ -32,11 +34,16 @@ def _direction_matrix(directions: Sequence[Mapping[str, torch.Tensor]], names, s
         parts = []
         for n, shp in zip(names, shapes):
             if n in d:
-                if tuple(d[n].shape) != tuple(shp):
+                t = d[n]
+                if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                    raise TypeError(f"direction {i}: {n!r} must be a floating tensor, got {t!r:.60}")
+                if tuple(t.shape) != tuple(shp):
                     raise ValueError(
-                        f"direction {i}: {n!r} has shape {tuple(d[n].shape)}, expected {tuple(shp)}"
+                        f"direction {i}: {n!r} has shape {tuple(t.shape)}, expected {tuple(shp)}"
                     )
-                parts.append(d[n].detach().to(device="cpu", dtype=torch.float64).reshape(-1))
+                if not bool(torch.isfinite(t).all()):
+                    raise ValueError(f"direction {i}: {n!r} contains NaN or inf; pass finite directions")
+                parts.append(t.detach().to(device="cpu", dtype=torch.float64).reshape(-1))
             else:
                 parts.append(torch.zeros(int(np.prod(shp)) if len(shp) else 1, dtype=torch.float64))
         cols.append(torch.cat(parts))
@@ -68,8 +75,7 @@ class TrajectoryRecorder:
         origin: nn.Module | Mapping[str, torch.Tensor] | None = None,
         store: bool = True,
     ):
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive int, got {every!r}")
+        check_positive("every", every, integer=True)
         if not store and directions is None:
             raise ValueError("store=False keeps nothing unless directions are given to project on the fly")
         if (directions is None) != (origin is None):

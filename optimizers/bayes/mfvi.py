@@ -21,6 +21,7 @@ from optimizers.posterior import (
     check_positive,
     resolve_generator,
 )
+from optimizers.state import check_state_dict, check_tensor_shapes, tag_state_dict
 
 __all__ = ["MFVI"]
 
@@ -93,6 +94,8 @@ class MFVI(DiagonalGaussianPosterior, torch.optim.Optimizer):
             raise TypeError("base_optimizer must be a torch.optim.Optimizer class, e.g. torch.optim.Adam")
         defaults = dict(lr=lr, **base_kwargs)
         super().__init__(params, defaults)
+        for i, group in enumerate(self.param_groups):  # per-group learning rates obey the same rule
+            check_nonneg(f"lr (param group {i})", group["lr"])
         self.num_data = num_data
         self.prior_std = float(prior_std)
         self.kl_weight = float(kl_weight)
@@ -217,16 +220,17 @@ class MFVI(DiagonalGaussianPosterior, torch.optim.Optimizer):
         self.base_optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        sd = {
             "base": self.base_optimizer.state_dict(),
             "raw_std": [r.detach().clone() for r in self._raw.values()],
             "generator": self.generator.get_state(),
         }
+        return tag_state_dict(sd, self, self._mean_groups)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = check_state_dict(state_dict, self, self._mean_groups, required=("base", "raw_std"))
         raws = state_dict["raw_std"]
-        if len(raws) != len(self._raw):
-            raise ValueError(f"state has {len(raws)} std tensors, this optimizer manages {len(self._raw)}")
+        check_tensor_shapes("raw_std", raws, list(self._raw), "MFVI")
         self.base_optimizer.load_state_dict(state_dict["base"])
         self.param_groups = self.base_optimizer.param_groups
         with torch.no_grad():

@@ -29,9 +29,11 @@ from optimizers.posterior import (
     _ensemble_average,
     _weights_set_to,
     check_nonneg,
+    check_positive,
     resolve_generator,
 )
 from optimizers.sam.sam import SAM
+from optimizers.state import check_state_dict, tag_state_dict
 
 __all__ = ["SWAG", "f_swag"]
 
@@ -164,6 +166,7 @@ class SWAG:
 
         Draws ``z1`` (``p`` values) then, for full SWAG, ``z2`` (``K`` values) from the generator.
         """
+        check_nonneg("scale", scale)
         self._require()
         gen = generator if generator is not None else self.generator
         diag = self.diag_only if diag_only is None else diag_only
@@ -195,24 +198,44 @@ class SWAG:
         scale: float = 1.0,
     ) -> torch.Tensor:
         """Average predictive probabilities over ``samples`` SWAG draws (BatchNorm: eval mode)."""
-        if not isinstance(samples, int) or samples < 1:
-            raise ValueError(f"samples must be a positive int, got {samples!r}")
+        check_positive("samples", samples, integer=True)
         self._require()
         return _ensemble_average(
             model, inputs, (lambda: self.sample(generator, scale) for _ in range(samples))
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        sd = {
             "optimizer": self.optimizer.state_dict(),
+            "optimizer_wrapped": type(self.optimizer).__name__,
             "n_steps": self.n_steps,
             "n_collected": self.n_collected,
             "mean": self._mean,
             "sq_mean": self._sq_mean,
             "devs": list(self._devs),
         }
+        return tag_state_dict(sd, self, self.optimizer.param_groups)
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        keys = ("optimizer", "n_steps", "n_collected", "mean", "sq_mean", "devs")
+        sd = check_state_dict(sd, self, self.optimizer.param_groups, required=keys)
+        wrapped = sd.get("optimizer_wrapped")
+        if wrapped is not None and wrapped != type(self.optimizer).__name__:
+            raise ValueError(
+                f"SWAG.load_state_dict: the state dict wraps a {wrapped}, this SWAG wraps a "
+                f"{type(self.optimizer).__name__}"
+            )
+        p = sum(q.numel() for q in self.params)
+        for key in ("mean", "sq_mean"):
+            t = sd[key]
+            if t is not None and (not isinstance(t, torch.Tensor) or t.numel() != p):
+                got = t.numel() if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(
+                    f"SWAG.load_state_dict: {key!r} has {got} entries, the parameters have {p}; it was "
+                    "saved for another model"
+                )
+        if any(not isinstance(d, torch.Tensor) or d.numel() != p for d in sd["devs"]):
+            raise ValueError(f"SWAG.load_state_dict: 'devs' must be tensors of {p} entries (another model?)")
         self.optimizer.load_state_dict(sd["optimizer"])
         self.n_steps, self.n_collected = sd["n_steps"], sd["n_collected"]
         self._mean, self._sq_mean = sd["mean"], sd["sq_mean"]

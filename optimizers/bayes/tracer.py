@@ -56,8 +56,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from landscape.checks import check_range
 from optimizers.perturbation import bn_restore, bn_snapshot
 from optimizers.posterior import check_closure_loss, check_nonneg, check_positive
+from optimizers.state import check_state_dict, tag_state_dict
 
 __all__ = ["SGDTracer", "AdamTracer", "TracerBase"]
 
@@ -80,8 +82,7 @@ class TracerBase(torch.optim.Optimizer):
     ) -> None:
         check_nonneg("lr", lr)
         check_nonneg("rho", rho)
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < beta <= 1.0:
-            raise ValueError(f"beta (EMA weight of the newest g^2) must lie in (0, 1], got {beta!r}")
+        check_range("beta (EMA weight of the newest g^2)", beta, 0.0, 1.0, low_open=True)
         check_positive("delta", delta)
         if hvp not in ("exact", "finite_difference"):
             raise ValueError(f"hvp must be 'exact' or 'finite_difference', got {hvp!r}")
@@ -105,6 +106,15 @@ class TracerBase(torch.optim.Optimizer):
             **base_kwargs,
         )
         self.last: dict[str, Any] = {}
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group; its hyperparameters (given or defaulted) are checked like the constructor's."""
+        super().add_param_group(param_group)
+        group, i = self.param_groups[-1], len(self.param_groups) - 1
+        check_nonneg(f"lr (param group {i})", group["lr"])
+        check_nonneg(f"rho (param group {i})", group["rho"])
+        check_range(f"beta (param group {i})", group["beta"], 0.0, 1.0, low_open=True)
+        check_positive(f"delta (param group {i})", group["delta"])
 
     # state lives in self.state (f_bar), the base optimizer keeps its own (momentum / Adam moments)
     def _params_with_grad(self) -> list[torch.Tensor]:
@@ -268,10 +278,19 @@ class AdamTracer(TracerBase):
 
 
 def _tracer_state_dict(self: TracerBase) -> dict[str, Any]:
-    return {"tracer": torch.optim.Optimizer.state_dict(self), "base": self.base_optimizer.state_dict()}
+    sd = {"tracer": torch.optim.Optimizer.state_dict(self), "base": self.base_optimizer.state_dict()}
+    sd["base_optimizer_class"] = type(self.base_optimizer).__name__
+    return tag_state_dict(sd, self, self.param_groups)
 
 
 def _tracer_load_state_dict(self: TracerBase, state_dict: dict[str, Any]) -> None:
+    state_dict = check_state_dict(state_dict, self, self.param_groups, required=("tracer", "base"))
+    base_cls = state_dict.get("base_optimizer_class")
+    if base_cls is not None and base_cls != type(self.base_optimizer).__name__:
+        raise ValueError(
+            f"{type(self).__name__}.load_state_dict: the state dict's base optimizer is a {base_cls}, "
+            f"this one's is a {type(self.base_optimizer).__name__}"
+        )
     torch.optim.Optimizer.load_state_dict(self, state_dict["tracer"])
     self.base_optimizer.load_state_dict(state_dict["base"])
     self.param_groups = self.base_optimizer.param_groups

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from landscape.checks import check_positive
 from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
 
 __all__ = ["FisherSAM"]
@@ -40,6 +41,8 @@ class FisherSAM(PerturbationOptimizer):
     (``g^T F~^{-1} g``), ``eps_norm`` (``||eps||``), ``eps_fisher_norm`` (``sqrt(eps^T F~ eps) = gamma``).
     """
 
+    _nonnegative_hparams = ("lr", "rho", "eta")
+
     def __init__(
         self,
         params: Any,
@@ -57,8 +60,7 @@ class FisherSAM(PerturbationOptimizer):
         check_nonnegative("eta", eta)
         if fisher is not None and not callable(fisher):
             raise TypeError("fisher must be a callable param -> diagonal Fisher (same shape), or None")
-        if not float(grad_scale) > 0:
-            raise ValueError(f"grad_scale must be > 0 (the AMP/accumulation factor), got {grad_scale!r}")
+        check_positive("grad_scale", grad_scale)
         self.fisher = fisher
         self.grad_scale = float(grad_scale)
         super().__init__(

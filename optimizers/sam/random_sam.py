@@ -63,6 +63,7 @@ class RandomSAM(_NoiseMixin, PerturbationOptimizer):
     """
 
     passes = 1
+    _nonnegative_hparams = ("lr", "rho", "alpha")
 
     def __init__(
         self,
@@ -119,6 +120,8 @@ class MixSAM(_NoiseMixin, PerturbationOptimizer):
     ``self.last``: ``loss``, ``loss_perturbed``, ``grad_norm``, ``eps_norm`` (= ``rho``),
     ``cos_eps_grad`` (cosine between ``eps`` and ``g``).
     """
+
+    _nonnegative_hparams = ("lr", "rho", "kappa")
 
     def __init__(
         self,

@@ -85,6 +85,8 @@ class ASAM(PerturbationOptimizer):
     (``||T g||``), ``eps_norm`` (``||eps||``), ``eps_scaled_norm`` (``||T^{-1} eps|| = rho``).
     """
 
+    _nonnegative_hparams = ("lr", "rho", "eta")
+
     def __init__(
         self,
         params: Any,

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
-from optimizers.posterior import DiagonalGaussianPosterior, check_num_data, resolve_generator
+from optimizers.posterior import DiagonalGaussianPosterior, check_num_data, check_positive, resolve_generator
 
 __all__ = ["VariationalSAM"]
 
@@ -62,6 +62,8 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
     ``sigma_mean``, ``sigma_min``, ``sigma_max``.
     """
 
+    _nonnegative_hparams = ("lr", "rho", "sigma_lr", "kl_weight")
+
     def __init__(
         self,
         params: Any,
@@ -82,8 +84,7 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
         check_nonnegative("sigma_lr", sigma_lr)
         check_nonnegative("kl_weight", kl_weight)
         check_num_data(num_data)
-        if not float(prior_std) > 0:
-            raise ValueError(f"prior_std must be > 0, got {prior_std!r}")
+        check_positive("prior_std", prior_std)
         defaults = {
             "rho": rho,
             "num_data": num_data,
@@ -104,6 +105,13 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
         self.generator, self.seed = resolve_generator(seed, generator, device)
         self._sigma_data_grad: dict[torch.Tensor, torch.Tensor] = {}
         self._chunks_seen = 0
+
+    def _check_group(self, group: dict[str, Any], index: int) -> None:
+        super()._check_group(group, index)
+        if "prior_std" in group:
+            check_positive(f"prior_std (param group {index})", group["prior_std"])
+        if "num_data" in group:
+            check_num_data(group["num_data"])
 
     # ---- posterior API ---------------------------------------------------------------------
     def posterior_std(self) -> dict[torch.Tensor, torch.Tensor]:
