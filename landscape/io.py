@@ -1,4 +1,13 @@
-"""Atomic file writing: a result file is either the old one or the complete new one, never half."""
+"""Atomic file writing (a result file is either the old one or the complete new one, never half)
+and JSON reading that turns a bad file into a clear error.
+
+Non-finite numbers in JSON: the JSON standard has no NaN or infinities, but results legitimately
+contain them (a diverged loss, an infinite standard error). Files written here use the tokens
+``NaN``, ``Infinity`` and ``-Infinity`` for them, the extension Python's ``json`` module writes
+and reads by default (also read by e.g. pandas and JSON5 parsers, not by JavaScript's
+``JSON.parse``), so they round-trip as floats, never as strings, and a string such as ``"inf"`` in
+a configuration stays a string.
+"""
 
 from __future__ import annotations
 
@@ -59,10 +68,49 @@ def to_jsonable(obj: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_jsonable(v) for v in obj]
-    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
-        return str(obj)  # JSON has no NaN/inf; keep them readable
-    return obj
+    return obj  # non-finite floats stay floats: written as NaN / Infinity / -Infinity (see above)
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
+    """Write ``obj`` (through :func:`to_jsonable`) as indented JSON, atomically; non-finite floats
+    are written as ``NaN`` / ``Infinity`` / ``-Infinity`` and read back as floats by :func:`read_json`."""
+    text = json.dumps(to_jsonable(obj), indent=2, sort_keys=False, allow_nan=True)
+    return atomic_write_text(path, text + "\n")
+
+
+def read_json(path: str | os.PathLike, *, what: str = "JSON file") -> Any:
+    """Parse the JSON file ``path``; ``NaN`` / ``Infinity`` / ``-Infinity`` become floats.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is empty, not UTF-8 text (a ``.npz`` or other binary file), not valid
+            JSON (truncated or corrupt; the message gives line and column) or nested too deeply.
+            The message names the file and ``what`` was expected.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such {what}")
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, expected a {what}")
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise ValueError(f"{path}: the {what} is empty (an interrupted copy?)")
+    if raw[:4] == b"PK\x03\x04":
+        raise ValueError(
+            f"{path}: a zip/.npz archive, not a {what}; surfaces are loaded with landscape.load_surface"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path}: not a {what}: byte {exc.start} is not UTF-8 text (a binary file?)"
+        ) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{path}: not a valid {what}: {exc.msg} (line {exc.lineno}, column {exc.colno}); "
+            "the file is truncated or corrupt"
+        ) from None
+    except RecursionError:
+        raise ValueError(f"{path}: the {what} nests too deeply; the file is corrupt or malicious") from None

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import zipfile
+import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -13,12 +16,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from landscape.io import atomic_write, to_jsonable
-from landscape.results import Result
+from landscape.io import atomic_write, read_json, to_jsonable
+from landscape.results import Result, _conform
 
 FORMAT_VERSION = 1
+#: Metric names a surface file may hold (``loss`` is always present).
+KNOWN_METRICS = ("loss", "accuracy")
 
-__all__ = ["Surface", "load_surface"]
+__all__ = ["KNOWN_METRICS", "Surface", "load_surface"]
 
 
 # ------------------------------------------------------------------------------------------ result
@@ -69,7 +74,7 @@ class Surface(Result):
 
     @property
     def complete(self) -> bool:
-        return bool(np.all(self.mask))
+        return self.mask is not None and bool(np.all(self.mask))
 
     def __repr__(self) -> str:
         done = int(np.sum(self.mask)) if self.mask is not None else 0
@@ -95,20 +100,21 @@ class Surface(Result):
     # ---------------------------------------------------------------- files
     def save(self, path: str | os.PathLike, *, include_directions: bool = True) -> Path:
         """Write one self-describing ``.npz`` atomically: coordinates, values, mask, directions and
-        a JSON ``meta`` string (configuration: directions' recipes, BN policy, data, model hash)."""
-        arrays: dict[str, np.ndarray] = {}
-        for i, c in enumerate(self.coords):
-            arrays[f"coords_{i}"] = np.asarray(c, dtype=np.float64)
-        for m, v in self.values.items():
-            arrays[f"value_{m}"] = np.asarray(v, dtype=np.float64)
-        arrays["mask"] = np.asarray(self.mask, dtype=bool)
+        a JSON ``meta`` string (configuration: directions' recipes, BN policy, data, model hash).
+
+        The surface is checked first (the same rules as :meth:`load`), so no file is written that
+        could not be loaded back."""
+        dirs = self.directions if include_directions else None
+        coords, values, mask, dirs = _checked_parts(self.coords, self.values, self.mask, dirs, "Surface.save")
+        arrays: dict[str, np.ndarray] = {f"coords_{i}": c for i, c in enumerate(coords)}
+        arrays.update({f"value_{m}": v for m, v in values.items()})
+        arrays["mask"] = mask
         dir_names: list[list[str]] = []
-        if include_directions and self.directions:
-            for i, d in enumerate(self.directions):
-                names = list(d)
-                dir_names.append(names)
-                for j, n in enumerate(names):
-                    arrays[f"direction_{i}_{j}"] = d[n].detach().cpu().numpy()
+        for i, d in enumerate(dirs or []):
+            names = list(d)
+            dir_names.append(names)
+            for j, n in enumerate(names):
+                arrays[f"direction_{i}_{j}"] = d[n].detach().cpu().numpy()
         meta = {
             "format": "landscape.Surface",
             "format_version": FORMAT_VERSION,
@@ -116,10 +122,10 @@ class Surface(Result):
             "seconds": self.seconds,
             "evaluations": self.evaluations,
             "strategy": self.strategy,
-            "metrics": list(self.values),
+            "metrics": list(values),
             "direction_names": dir_names,
         }
-        arrays["meta"] = np.array(json.dumps(meta))
+        arrays["meta"] = np.array(json.dumps(meta, allow_nan=True))
 
         def writer(tmp: Path) -> None:
             with open(tmp, "wb") as fh:
@@ -129,33 +135,44 @@ class Surface(Result):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Surface:
-        with np.load(path, allow_pickle=False) as z:
-            if "meta" not in z.files:
-                raise ValueError(f"{path} is not a surface file written by Surface.save (no 'meta' entry)")
-            meta = json.loads(str(z["meta"]))
-            if meta.get("format") != "landscape.Surface":
-                raise ValueError(f"{path}: unknown format {meta.get('format')!r}")
-            nd = sum(1 for k in z.files if k.startswith("coords_"))
-            coords = [z[f"coords_{i}"] for i in range(nd)]
-            values = {m: z[f"value_{m}"] for m in meta["metrics"]}
-            mask = z["mask"]
-            dirs = None
-            if meta.get("direction_names"):
-                dirs = []
-                for i, names in enumerate(meta["direction_names"]):
-                    dirs.append(
-                        {n: torch.from_numpy(z[f"direction_{i}_{j}"].copy()) for j, n in enumerate(names)}
-                    )
-        return cls(
-            config=meta.get("config", {}),
-            seconds=float(meta.get("seconds", 0.0)),
-            coords=coords,
-            values=values,
-            mask=mask,
-            directions=dirs,
-            evaluations=int(meta.get("evaluations", 0)),
-            strategy=meta.get("strategy", ""),
-        )
+        """Read a surface written by :meth:`save` (or a JSON file of :meth:`to_dict`).
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: the file is not a surface file, is truncated or corrupt, or its parts
+                contradict each other (values or mask not of the grid's shape, unknown metrics,
+                missing mask or arrays); the message names the file and the problem.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such surface file")
+        if path.is_dir():
+            raise ValueError(f"{path} is a directory, expected a surface file (.npz written by Surface.save)")
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+        if head[:4] != b"PK\x03\x04":
+            if head.lstrip()[:1] == b"{":
+                return _load_json_surface(path)
+            shown = head[:4].hex(" ") if head else "an empty file"
+            raise ValueError(
+                f"{path}: not a surface file: expected a .npz archive written by Surface.save "
+                f"(starting with the zip signature 50 4b 03 04), found {shown}"
+            )
+        arrays = _read_npz(path)
+        meta = _read_meta(path, arrays.pop("meta", None))
+        try:
+            return _surface_from_npz(cls, arrays, meta, path)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
+    @classmethod
+    def _from_fields(cls, kwargs: dict[str, Any]) -> Surface:
+        parts = _checked_parts(
+            kwargs.get("coords", []), kwargs.get("values", {}), kwargs.get("mask"),
+            kwargs.get("directions"), "the surface",
+        )  # fmt: skip
+        kwargs.update(zip(("coords", "values", "mask", "directions"), parts))
+        return cls(**kwargs)
 
     # ---------------------------------------------------------------- plots and exports
     def plot(
@@ -305,8 +322,165 @@ class Surface(Result):
 
 
 def load_surface(path: str | os.PathLike) -> Surface:
-    """Load a surface written by :meth:`Surface.save`."""
+    """Load a surface written by :meth:`Surface.save` (see :meth:`Surface.load` for the checks)."""
     return Surface.load(path)
+
+
+# ------------------------------------------------------------------------------ checking surface files
+
+
+def _array(x: Any, name: str, kinds: str, what: str) -> np.ndarray:
+    try:
+        a = np.asarray(x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x)
+    except (ValueError, TypeError):
+        a = None
+    if a is None or a.dtype.kind not in kinds:
+        got = "ragged nested lists" if a is None else f"elements of type {a.dtype}"
+        raise ValueError(f"{name} must be an array of {what}, got {got}")
+    return a
+
+
+def _direction_tensor(v: Any, name: str) -> torch.Tensor:
+    if isinstance(v, torch.Tensor):
+        return v
+    a = _array(v, name, "iuf", "numbers")
+    return torch.from_numpy(a.copy() if a.dtype.kind == "f" else a.astype(np.float64))
+
+
+def _checked_parts(coords: Any, values: Any, mask: Any, directions: Any, where: str) -> tuple:
+    """Coordinates, values, mask and directions as arrays, checked against each other.
+
+    Rules: one or two axes of finite, non-empty 1-D coordinates; metrics a subset of
+    ``KNOWN_METRICS`` including ``loss``; every value array and the boolean ``mask`` of the grid's
+    shape ``(len(xs)[, len(ys)])``; one direction (dict name -> floating tensor) per axis."""
+    if not isinstance(coords, (list, tuple)) or len(coords) not in (1, 2):
+        n = len(coords) if isinstance(coords, (list, tuple)) else type(coords).__name__
+        raise ValueError(f"{where}: a surface has 1 or 2 coordinate axes, found {n}")
+    cs = []
+    for i, c in enumerate(coords):
+        a = _array(c, f"{where}: coords_{i}", "iuf", "numbers").astype(np.float64)
+        if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a)):
+            raise ValueError(
+                f"{where}: coords_{i} must be a non-empty 1-D array of finite numbers, got shape "
+                f"{a.shape}{'' if np.all(np.isfinite(a)) else ' with NaN/inf entries'}"
+            )
+        cs.append(a)
+    shape = tuple(len(c) for c in cs)
+    if not isinstance(values, Mapping) or "loss" not in values:
+        raise ValueError(f"{where}: no 'loss' values (metrics found: {list(values or [])})")
+    unknown = [m for m in values if m not in KNOWN_METRICS]
+    if unknown:
+        raise ValueError(f"{where}: unknown metric name(s) {unknown}; a surface holds {list(KNOWN_METRICS)}")
+    vals = {}
+    for m, v in values.items():
+        vals[m] = _array(v, f"{where}: value_{m}", "iuf", "numbers").astype(np.float64)
+        if vals[m].shape != shape:
+            raise ValueError(
+                f"{where}: value_{m} has shape {vals[m].shape} but the coordinates give a grid of "
+                f"shape {shape}"
+            )
+    if mask is None:
+        raise ValueError(f"{where}: the completion mask is missing (which points were evaluated is unknown)")
+    mk = _array(mask, f"{where}: mask", "biu", "booleans")
+    if mk.dtype.kind != "b":
+        if not np.all((mk == 0) | (mk == 1)):
+            raise ValueError(f"{where}: mask must hold booleans (or 0/1), got other values")
+        mk = mk.astype(bool)
+    if mk.shape != shape:
+        raise ValueError(
+            f"{where}: mask has shape {mk.shape} but the coordinates give a grid of shape {shape}"
+        )
+    dirs = None
+    if directions:
+        if not isinstance(directions, (list, tuple)) or len(directions) != len(cs):
+            n = len(directions) if isinstance(directions, (list, tuple)) else type(directions).__name__
+            raise ValueError(f"{where}: {n} directions for {len(cs)} coordinate axes")
+        dirs = []
+        for i, d in enumerate(directions):
+            if not isinstance(d, Mapping) or not all(isinstance(k, str) for k in d):
+                raise ValueError(f"{where}: direction {i} must map parameter names to tensors")
+            dirs.append({k: _direction_tensor(v, f"{where}: direction {i} {k!r}") for k, v in d.items()})
+    return cs, vals, mk, dirs
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}  # reading every member checks its CRC now
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise ValueError(
+                f"{path}: holds a pickled object array, which surface files never do; refused"
+            ) from None
+        raise ValueError(f"{path}: corrupt .npz surface file ({exc})") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, KeyError) as exc:
+        raise ValueError(
+            f"{path}: corrupt or truncated .npz surface file ({type(exc).__name__}: {exc}); "
+            "an interrupted copy? compute it again or restore it"
+        ) from None
+
+
+def _read_meta(path: Path, meta_arr: np.ndarray | None) -> dict[str, Any]:
+    if meta_arr is None:
+        raise ValueError(f"{path} is not a surface file written by Surface.save (no 'meta' entry)")
+    if meta_arr.shape != () or meta_arr.dtype.kind != "U":
+        raise ValueError(
+            f"{path}: the 'meta' entry must be one JSON string, got {meta_arr.dtype} {meta_arr.shape}"
+        )
+    try:
+        meta = json.loads(str(meta_arr))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path}: the 'meta' entry is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != "landscape.Surface":
+        fmt = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"{path}: unknown format {fmt!r}, expected 'landscape.Surface'")
+    version = meta.get("format_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: format_version {version!r} is not one this version reads (1..{FORMAT_VERSION}); "
+            "a newer landscape wrote it: upgrade"
+        )
+    return meta
+
+
+def _surface_from_npz(cls: type[Surface], arrays: dict[str, np.ndarray], meta: dict, path: Path) -> Surface:
+    metrics = _conform(meta.get("metrics"), list[str], "meta.metrics")
+    names = _conform(meta.get("direction_names") or [], list[list[str]], "meta.direction_names")
+    nd = sum(1 for k in arrays if k.startswith("coords_"))
+    expected = {f"coords_{i}" for i in range(nd)} | {f"value_{m}" for m in metrics} | {"mask"}
+    expected |= {f"direction_{i}_{j}" for i, ns in enumerate(names) for j in range(len(ns))}
+    missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
+    if missing or extra:
+        raise ValueError(
+            f"the arrays do not match the metadata (metrics {metrics}, {nd} axes): "
+            f"missing {missing}, unexpected {extra}"
+        )
+    dirs = [{n: arrays[f"direction_{i}_{j}"] for j, n in enumerate(ns)} for i, ns in enumerate(names)]
+    coords, values, mask, dirs = _checked_parts(
+        [arrays[f"coords_{i}"] for i in range(nd)], {m: arrays[f"value_{m}"] for m in metrics},
+        arrays["mask"], dirs or None, "the surface",
+    )  # fmt: skip
+    return cls(
+        config=_conform(meta.get("config", {}), dict, "meta.config"),
+        seconds=_conform(meta.get("seconds", 0.0), float, "meta.seconds"),
+        coords=coords,
+        values=values,
+        mask=mask,
+        directions=dirs,
+        evaluations=_conform(meta.get("evaluations", 0), int, "meta.evaluations"),
+        strategy=_conform(meta.get("strategy", ""), str, "meta.strategy"),
+    )
+
+
+def _load_json_surface(path: Path) -> Surface:
+    d = read_json(path, what="surface file")
+    if not isinstance(d, dict) or d.get("type") != "Surface":
+        typ = d.get("type") if isinstance(d, dict) else type(d).__name__
+        raise ValueError(f"{path}: a JSON file of type {typ!r}, not a Surface (use landscape.load_result)")
+    try:
+        return Surface.from_dict(d)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def _trajectory_coords(trajectory: Any) -> np.ndarray | None:
