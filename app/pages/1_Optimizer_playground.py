@@ -31,8 +31,10 @@ def cached_run(problem: str, start: tuple[float, float], steps: int, configs: tu
 
 
 with st.sidebar:
-    problems = tp.names()
-    problem = st.selectbox("problem", problems, index=problems.index("gaussian_mixture"))
+    problems, excluded = toy.playground_problems()
+    problem = st.selectbox("problem", problems, index=problems.index("gaussian_mixture"), key="problem")
+    for name, why in excluded.items():
+        st.caption(f"Not offered here: **{name}** ({why}); the Bayesian view page shows it.")
     prob = tp.get(problem)
     settings = toy.problem_settings(problem)
     (x0, x1), (y0, y1) = prob.bounds

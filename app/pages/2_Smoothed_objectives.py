@@ -32,10 +32,10 @@ def cached_panels(problem: str, rho: float, resolution: int) -> dict:
 
 with st.sidebar:
     names = [n for n in tp.names() if tp.get(n).dim == 2]
-    problem = st.selectbox("problem", names, index=names.index("gaussian_mixture"))
+    problem = st.selectbox("problem", names, index=names.index("gaussian_mixture"), key="smoothed_problem")
     rho = st.slider("radius ρ", 0.5, 20.0, 8.0, 0.5)
-    resolution = st.select_slider("grid resolution", [30, 45, 60, 90], value=45)
-    log_scale = st.checkbox("log-scale", value=problem != "gaussian_mixture")
+    resolution = st.select_slider("grid resolution", [30, 45, 60, 90], value=45, key="smoothed_resolution")
+    log_scale = st.checkbox("log-scale", value=problem != "gaussian_mixture", key="smoothed_log")
 
 with readable_errors("compute the smoothed objectives"):
     panels = cached_panels(problem, float(rho), int(resolution))

@@ -33,11 +33,13 @@ def cached_moons(resolution: int, epochs: int) -> dict:
 with st.sidebar:
     sam_rho = st.slider("SAM ρ", 0.0, 3.0, 1.0, 0.05)
     bsam_rho = st.slider("bSAM ρ", 0.0, 0.5, 0.05, 0.01)
-    resolution = st.select_slider("predictive-map resolution", [30, 45, 60, 90], value=45)
+    resolution = st.select_slider(
+        "predictive-map resolution", [30, 45, 60, 90], value=45, key="bayes_resolution"
+    )
     n_std = st.slider("ellipse radius (standard deviations)", 1.0, 3.0, 2.0, 0.5)
     samples = st.slider("sampled decision boundaries per method", 5, 50, 20)
-    show_moons = st.checkbox("two moons (trains two networks, ~10 s)", value=False)
-    moons_epochs = st.slider("two-moons epochs", 10, 250, 40, 10, disabled=not show_moons)
+    show_moons = st.checkbox("two moons (trains two networks, ~10 s)", value=False, key="show_moons")
+    moons_epochs = st.slider("two-moons epochs", 10, 250, 40, 10, disabled=not show_moons, key="moons_epochs")
 
 with readable_errors("compute the logistic-regression posteriors"):
     R = cached_logistic(int(resolution), float(sam_rho), float(bsam_rho))

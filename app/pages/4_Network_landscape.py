@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -12,8 +11,7 @@ import numpy as np  # noqa: E402
 import streamlit as st  # noqa: E402
 from dashboard import network as nw  # noqa: E402
 from dashboard import page_header, readable_errors  # noqa: E402
-
-import landscape as ls  # noqa: E402
+from dashboard.uploads import open_uploaded_surface  # noqa: E402
 
 page_header(
     "Network landscape",
@@ -24,9 +22,11 @@ page_header(
 )
 
 with st.sidebar:
-    chosen = st.multiselect("optimizers", list(nw.NETWORK_OPTIMIZERS), default=["SGD", "SAM"])
-    epochs = st.slider("epochs", 1, 50, 8)
-    hidden = st.select_slider("hidden units", [16, 32, 64], value=32)
+    chosen = st.multiselect(
+        "optimizers", list(nw.NETWORK_OPTIMIZERS), default=["SGD", "SAM"], key="net_optimizers"
+    )
+    epochs = st.slider("epochs", 1, 50, 8, key="net_epochs")
+    hidden = st.select_slider("hidden units", [16, 32, 64], value=32, key="net_hidden")
     hypers = {}
     for name in chosen:
         _, lr0, rho0 = nw.NETWORK_OPTIMIZERS[name]
@@ -41,14 +41,16 @@ with st.sidebar:
                 disabled=rho0 == 0.0,
             )
         hypers[name] = (float(lr), float(rho))
-    resolution = st.select_slider("surface resolution", [11, 15, 21, 31], value=15)
+    resolution = st.select_slider("surface resolution", [11, 15, 21, 31], value=15, key="net_resolution")
     plane = st.radio(
         "surface plane",
         ["pca", "random"],
         horizontal=True,
         help="pca: the plane of the trajectory's principal directions; random: filter-normalised",
     )
-    analyses = st.multiselect("analyses", ["surface", "spectrum", "sharpness"], default=["surface"])
+    analyses = st.multiselect(
+        "analyses", ["surface", "spectrum", "sharpness"], default=["surface"], key="net_analyses"
+    )
 
 
 def trained(name: str, lr: float, rho: float, epochs: int, hidden: int) -> nw.TrainedRun:
@@ -128,10 +130,7 @@ upload = st.file_uploader(
 )
 if upload is not None:
     with readable_errors("open the surface file"):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "surface.npz"
-            path.write_bytes(upload.getvalue())
-            s = ls.load_surface(path)
+        s = open_uploaded_surface(upload.name, upload.getvalue())
         if s.ndim == 2:
             st.plotly_chart(s.to_plotly(), key="uploaded")
         else:

@@ -14,6 +14,7 @@ from .catalogue import (
     Hyper,
     OptimizerSpec,
     hyper_defaults,
+    playground_problems,
     problem_settings,
     validate_hypers,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "Hyper",
     "OptimizerSpec",
     "hyper_defaults",
+    "playground_problems",
     "problem_settings",
     "validate_hypers",
     "Run",

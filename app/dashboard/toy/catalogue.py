@@ -172,8 +172,30 @@ PROBLEM_SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
+def playground_problems() -> tuple[list[str], dict[str, str]]:
+    """``(offered, excluded)``: the registered problems the playground can draw (a 2-D parameter, so
+    a contour of the loss over it), and for every other one the reason it is left out."""
+    offered, excluded = [], {}
+    for name in tp.names():
+        prob = tp.get(name)
+        if prob.dim == 2:
+            offered.append(name)
+        else:
+            excluded[name] = (
+                f"its parameter is a {prob.dim:,}-dimensional weight vector, so there is no 2-D loss "
+                "surface to draw paths on"
+            )
+    return offered, excluded
+
+
 def problem_settings(problem: str) -> dict[str, Any]:
+    """Start point and step count of the playground for ``problem`` (ValueError if it is not 2-D)."""
     prob = tp.get(problem)
+    if prob.dim != 2:
+        raise ValueError(
+            f"{problem} has a {prob.dim}-dimensional parameter; the playground needs a 2-D problem "
+            f"({', '.join(playground_problems()[0])})"
+        )
     settings = PROBLEM_SETTINGS.get(problem, {})
     (x0, x1), (y0, y1) = prob.bounds
     default_start = (x0 + 0.25 * (x1 - x0), y0 + 0.75 * (y1 - y0))
