@@ -298,8 +298,8 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         base_cls = sd.pop("base_optimizer_class", None)
         if base_cls is not None and base_cls != type(self.base_optimizer).__name__:
             raise ValueError(
-                f"{type(self).__name__}.load_state_dict: the state dict's base optimizer is a {base_cls}, "
-                f"this one's is a {type(self.base_optimizer).__name__}; build the optimizer with the same "
+                f"{type(self).__name__}.load_state_dict: the state dict's base optimizer is {base_cls}, "
+                f"this one's is {type(self.base_optimizer).__name__}; build the optimizer with the same "
                 "base_optimizer class"
             )
         for i, group in enumerate(sd["param_groups"]):

@@ -75,8 +75,8 @@ def check_state_dict(
     saved_layout = sd.pop(LAYOUT_KEY, None)
     if saved_cls is not None and saved_cls != who:
         raise ValueError(
-            f"{who}.load_state_dict: the state dict was saved by a {saved_cls}, not a {who}; load it "
-            f"into a {saved_cls} (hyperparameters and per-parameter state differ between classes)"
+            f"{who}.load_state_dict: the state dict was saved by {saved_cls}, not by {who}; load it "
+            f"into a {saved_cls} optimizer (hyperparameters and per-parameter state differ between classes)"
         )
     missing = [k for k in required if k not in sd]
     if missing:

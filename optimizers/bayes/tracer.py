@@ -288,8 +288,8 @@ def _tracer_load_state_dict(self: TracerBase, state_dict: dict[str, Any]) -> Non
     base_cls = state_dict.get("base_optimizer_class")
     if base_cls is not None and base_cls != type(self.base_optimizer).__name__:
         raise ValueError(
-            f"{type(self).__name__}.load_state_dict: the state dict's base optimizer is a {base_cls}, "
-            f"this one's is a {type(self.base_optimizer).__name__}"
+            f"{type(self).__name__}.load_state_dict: the state dict's base optimizer is {base_cls}, "
+            f"this one's is {type(self.base_optimizer).__name__}"
         )
     torch.optim.Optimizer.load_state_dict(self, state_dict["tracer"])
     self.base_optimizer.load_state_dict(state_dict["base"])
