@@ -11,6 +11,9 @@ Every optimizer is stepped the same way::
 """
 
 from optimizers.bayes import MFVI, SWAG, AdamTracer, BayesianSAM, FlatSGLD, SGDTracer, f_swag
+from optimizers.bayes.ivon import IVON
+from optimizers.bayes.laplace import DiagLaplace, LastLayerLaplace
+from optimizers.bayes.vogn import VOGN
 from optimizers.perturbation import bn_update_disabled, make_closure
 from optimizers.posterior import DiagonalGaussianPosterior, bayesian_model_average
 from optimizers.sam import ASAM, SAM, FisherSAM, MixSAM, RandomSAM, VariationalSAM
@@ -34,3 +37,4 @@ __all__ = [
     "f_swag",
     "make_closure",
 ]
+__all__ += ["IVON", "VOGN", "DiagLaplace", "LastLayerLaplace"]

@@ -6,9 +6,13 @@ model averaging live in :mod:`optimizers.posterior`.
 """
 
 from optimizers.bayes.bsam import BayesianSAM
+from optimizers.bayes.ivon import IVON
+from optimizers.bayes.laplace import DiagLaplace, LastLayerLaplace
 from optimizers.bayes.mfvi import MFVI
 from optimizers.bayes.sgld import FlatSGLD
 from optimizers.bayes.swag import SWAG, f_swag
 from optimizers.bayes.tracer import AdamTracer, SGDTracer
+from optimizers.bayes.vogn import VOGN
 
 __all__ = ["MFVI", "SWAG", "AdamTracer", "BayesianSAM", "FlatSGLD", "SGDTracer", "f_swag"]
+__all__ += ["IVON", "VOGN", "DiagLaplace", "LastLayerLaplace"]

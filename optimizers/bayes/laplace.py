@@ -1,0 +1,496 @@
+"""Laplace approximations of a trained classifier: diagonal (all or some weights) and last layer.
+
+Around trained weights ``theta*`` the posterior is approximated by ``N(theta*, (G + delta I)^-1)``,
+``G = sum_n J_n^T Lambda_n J_n`` the generalised Gauss-Newton matrix of the summed negative
+log-likelihood (MacKay 1992; Ritter et al. 2018; Daxberger et al. 2021, "Laplace Redux", Sec. 2),
+``Lambda_n`` the Hessian of the loss in the logits (``diag(p_n) - p_n p_n^T`` for cross-entropy,
+``p_n (1 - p_n)`` for a binary logistic loss) and ``delta`` the prior precision.
+
+* :class:`DiagLaplace`: ``G`` replaced by its exact diagonal;
+* :class:`LastLayerLaplace`: the exact, full ``G`` of the last ``nn.Linear`` layer, all other weights
+  fixed at ``theta*`` (Kristiadi et al. 2020; Daxberger et al. 2021).  Fit to a SAM-trained network
+  it is the "SAM + Laplace" baseline.
+
+Both give the linearised (GLM) predictive ``f(x) ~ N(f(x; theta*), J(x) Sigma J(x)^T)`` (Immer et al.
+2021, "Improving predictions of Bayesian neural nets via local linearization"), turned into
+probabilities by the probit approximation or by Monte Carlo in function space, and the Laplace log
+marginal likelihood with a prior precision fitted by maximising it.  The equations are in
+``docs/methods/optimizers.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import jacrev, vmap
+
+from landscape.checks import check_choice, check_positive
+from landscape.inputs import _map_inputs
+from landscape.objective import Objective
+from optimizers.posterior import DiagonalGaussianPosterior, resolve_generator
+
+__all__ = ["DiagLaplace", "LastLayerLaplace"]
+
+
+# --------------------------------------------------------------------------------------------
+# likelihood
+# --------------------------------------------------------------------------------------------
+def _likelihood(loss_fn: Any) -> str:
+    """``"categorical"`` (cross-entropy) or ``"bernoulli"`` (binary cross-entropy with logits)."""
+    if isinstance(loss_fn, nn.CrossEntropyLoss) or loss_fn is nn.functional.cross_entropy:
+        if isinstance(loss_fn, nn.CrossEntropyLoss) and (
+            loss_fn.weight is not None or loss_fn.label_smoothing != 0.0 or loss_fn.ignore_index >= 0
+        ):
+            raise ValueError(
+                "the Laplace approximation needs the plain negative log-likelihood: CrossEntropyLoss "
+                "with class weights, label smoothing or ignore_index is not one; use nn.CrossEntropyLoss()"
+            )
+        return "categorical"
+    if isinstance(loss_fn, nn.BCEWithLogitsLoss) or loss_fn is nn.functional.binary_cross_entropy_with_logits:
+        if isinstance(loss_fn, nn.BCEWithLogitsLoss) and (
+            loss_fn.weight is not None or loss_fn.pos_weight is not None
+        ):
+            raise ValueError(
+                "the Laplace approximation needs the plain negative log-likelihood: BCEWithLogitsLoss "
+                "with weight or pos_weight is not one; use nn.BCEWithLogitsLoss()"
+            )
+        return "bernoulli"
+    raise ValueError(
+        f"the Laplace approximation supports classification losses only, got {type(loss_fn).__name__}; "
+        "pass nn.CrossEntropyLoss() (C logits) or nn.BCEWithLogitsLoss() (one logit per example)"
+    )
+
+
+def _logits(out: torch.Tensor, lik: str) -> torch.Tensor:
+    """Model output as ``[B, C]`` logits (``C = 1`` for the binary case)."""
+    if lik == "categorical":
+        if out.ndim != 2:
+            raise ValueError(f"cross-entropy needs model outputs of shape [B, C], got {tuple(out.shape)}")
+        return out
+    if out.ndim == 1 or (out.ndim == 2 and out.shape[1] == 1):
+        return out.reshape(-1, 1)
+    raise ValueError(
+        f"a binary logistic loss needs one logit per example ([B] or [B, 1]), got {tuple(out.shape)}"
+    )
+
+
+def _nll_and_lambda(f: torch.Tensor, y: torch.Tensor, lik: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed negative log-likelihood and ``Lambda_n`` (``[B, C, C]``), the loss Hessian in the logits."""
+    if lik == "categorical":
+        nll = nn.functional.cross_entropy(f, y, reduction="sum")
+        p = torch.softmax(f, dim=1)
+        lam = torch.diag_embed(p) - p.unsqueeze(2) * p.unsqueeze(1)
+        return nll, lam
+    t = y.reshape(-1, 1).to(f.dtype)
+    nll = nn.functional.binary_cross_entropy_with_logits(f, t, reduction="sum")
+    p = torch.sigmoid(f)
+    return nll, (p * (1 - p)).unsqueeze(2)
+
+
+# --------------------------------------------------------------------------------------------
+# evidence and prior precision
+# --------------------------------------------------------------------------------------------
+def log_marginal_likelihood(
+    nll: float, theta_sq: float, curvature_eigs: torch.Tensor, prior_precision: float
+) -> float:
+    """Laplace log evidence ``-nll - delta/2 ||theta*||^2 + P/2 log delta - 1/2 sum log(lambda_i + delta)``.
+
+    From ``log p(D) ~ log p(D|theta*) + log p(theta*) + P/2 log 2 pi - 1/2 log det(G + delta I)``
+    with the prior ``N(0, I/delta)`` (MacKay 1992, "Bayesian interpolation", the evidence
+    framework; Immer et al. 2021, "Scalable marginal likelihood estimation for model selection in
+    deep learning"; Daxberger et al. 2021, Sec. 2): the ``2 pi`` terms cancel.  ``curvature_eigs`` are the
+    eigenvalues of ``G`` (its diagonal for the diagonal approximation).
+    """
+    lam = curvature_eigs.clamp_min(0.0)
+    P = lam.numel()
+    logdet = float(torch.log(lam + prior_precision).sum())
+    return -nll - 0.5 * prior_precision * theta_sq + 0.5 * P * math.log(prior_precision) - 0.5 * logdet
+
+
+def fit_prior_precision(theta_sq: float, curvature_eigs: torch.Tensor, bounds: tuple[float, float]) -> float:
+    """The prior precision maximising :func:`log_marginal_likelihood` (a 1-D search in ``log delta``).
+
+    The derivative in ``u = log delta`` is ``(gamma(delta) - delta ||theta*||^2) / 2`` with
+    ``gamma = sum_i lambda_i / (lambda_i + delta)`` (MacKay 1992, "Bayesian interpolation": the
+    effective number of parameters); it decreases strictly in ``u``, so the maximiser is its unique
+    root, found by Brent's method in ``[log bounds[0], log bounds[1]]``.
+    """
+    from scipy.optimize import brentq
+
+    lam = curvature_eigs.clamp_min(0.0).to(torch.float64)
+
+    def slope(u: float) -> float:
+        d = math.exp(u)
+        return float((lam / (lam + d)).sum()) - d * theta_sq
+
+    lo, hi = math.log(bounds[0]), math.log(bounds[1])
+    s_lo, s_hi = slope(lo), slope(hi)
+    if s_lo <= 0:
+        raise ValueError(
+            f"the marginal likelihood decreases at the lower bound prior_precision={bounds[0]:g} "
+            "(its maximum lies below it, the curvature is ~0 or ||theta*|| is too large); lower bounds[0]"
+        )
+    if s_hi >= 0:
+        raise ValueError(
+            f"the marginal likelihood still increases at the upper bound prior_precision={bounds[1]:g} "
+            "(||theta*|| ~ 0?); raise bounds[1]"
+        )
+    u = brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15, maxiter=500)
+    return math.exp(u)
+
+
+# --------------------------------------------------------------------------------------------
+# shared machinery
+# --------------------------------------------------------------------------------------------
+class _Laplace:
+    """Fitting data, evidence, prior precision and the GLM predictive shared by both variants."""
+
+    _output_ndim = 2
+
+    def _setup(self, model: nn.Module, loss_fn: Any, data: Any, prior_precision: float, params: Any, **kw):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        check_positive("prior_precision", prior_precision)
+        self.likelihood = _likelihood(loss_fn)
+        self.model = model
+        self.objective = Objective(model, loss_fn, data, params=params, mode="eval", **kw)
+        self.prior_precision = float(prior_precision)
+
+    # ---------------------------------------------------------------- evidence
+    def _curvature_eigs(self) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def log_marginal_likelihood(self, prior_precision: float | None = None) -> float:
+        """Laplace log evidence at ``prior_precision`` (default: the current one); see
+        :func:`log_marginal_likelihood`."""
+        d = self.prior_precision if prior_precision is None else prior_precision
+        check_positive("prior_precision", d)
+        return log_marginal_likelihood(self.nll, self.theta_sq, self._curvature_eigs(), float(d))
+
+    def optimize_prior_precision(self, bounds: tuple[float, float] = (1e-8, 1e8)) -> float:
+        """Set ``prior_precision`` to the maximiser of the log evidence in ``bounds``; return it."""
+        if not (isinstance(bounds, (tuple, list)) and len(bounds) == 2 and 0 < bounds[0] < bounds[1]):
+            raise ValueError(f"bounds must be (low, high) with 0 < low < high, got {bounds!r}")
+        self.prior_precision = fit_prior_precision(self.theta_sq, self._curvature_eigs(), tuple(bounds))
+        return self.prior_precision
+
+    # ---------------------------------------------------------------- predictive
+    def _function_space(self, inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        raise NotImplementedError
+
+    def predictive_mean_and_covariance(self, inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """GLM predictive in logit space: mean ``f(x; theta*)`` ``[B, C]`` and covariance
+        ``J(x) Sigma J(x)^T`` ``[B, C, C]`` (``C = 1`` for one logit; Immer, Korzepa, Bauer 2021)."""
+        obj = self.objective
+        with obj.guard(), torch.no_grad():
+            x = _map_inputs(inputs, obj._convert)
+            return self._function_space(x)
+
+    def predictive(
+        self,
+        inputs: Any,
+        link: str = "probit",
+        samples: int = 100,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> torch.Tensor:
+        """Predictive probabilities of the linearised model (shape of a softmax/sigmoid of the output).
+
+        ``link="probit"``: ``softmax(f / sqrt(1 + pi/8 diag(S)))`` (for one logit ``sigmoid``: the
+        moderated output of MacKay 1992, "The evidence framework applied to classification
+        networks"; the multi-class form as used by Daxberger et al. 2021);
+        ``link="mc"``: the mean over ``samples`` draws ``f_s ~ N(f, S)`` in function space of
+        ``softmax(f_s)`` (``generator``, else ``seed``).
+        """
+        check_choice("link", link, ("probit", "mc"))
+        mean, cov = self.predictive_mean_and_covariance(inputs)
+        single = self.likelihood == "bernoulli"
+        if link == "probit":
+            kappa = torch.rsqrt(1.0 + math.pi / 8.0 * torch.diagonal(cov, dim1=1, dim2=2))
+            z = mean * kappa
+            probs = torch.sigmoid(z) if single else torch.softmax(z, dim=1)
+        else:
+            check_positive("samples", samples, integer=True)
+            gen, _ = resolve_generator(seed, generator, mean.device)
+            C = mean.shape[1]
+            eye = torch.eye(C, dtype=cov.dtype, device=cov.device)
+            scale = cov.diagonal(dim1=1, dim2=2).mean(1).clamp_min(1e-300).view(-1, 1, 1)
+            L = torch.linalg.cholesky(cov + 1e-12 * scale * eye)
+            z = torch.randn((samples, *mean.shape), generator=gen, dtype=mean.dtype, device=mean.device)
+            f = mean.unsqueeze(0) + torch.einsum("bcd,sbd->sbc", L, z)
+            probs = (torch.sigmoid(f) if single else torch.softmax(f, dim=2)).mean(0)
+        return probs.reshape(-1) if single and self._output_ndim == 1 else probs
+
+
+# --------------------------------------------------------------------------------------------
+# diagonal Laplace
+# --------------------------------------------------------------------------------------------
+class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
+    r"""Diagonal Laplace: ``N(theta*, diag(1 / (diag(G) + delta)))`` over the selected weights.
+
+    ``diag(G)_j = sum_n sum_c p_nc (J_ncj - sum_c' p_nc' J_nc'j)^2`` for cross-entropy (the
+    factorisation ``Lambda = A A^T``, ``A = diag(sqrt p) - p sqrt(p)^T``, written as a weighted
+    variance, a sum of non-negative terms), ``sum_n p_n (1 - p_n) J_nj^2`` for the binary loss.  The
+    per-example Jacobians ``J_n`` (``C x P``) are formed with ``vmap(jacrev)`` over the examples of
+    each batch: ``C`` backward passes per example, vectorised; memory ``B C P`` per batch, or
+    ``chunk_size C P`` with ``chunk_size``.  This is exact (the stochastic estimator
+    ``landscape.diagonal(landscape.ggn(obj))`` is not needed), for small and medium models.
+
+    Args:
+        model: the trained classifier (never modified; evaluated in eval mode).
+        loss_fn: ``nn.CrossEntropyLoss()`` or ``nn.BCEWithLogitsLoss()`` (the reduction is ignored:
+            the Laplace approximation uses the summed negative log-likelihood).
+        data: one ``(inputs, targets)`` batch or a re-iterable of batches (the training set).
+        prior_precision: ``delta`` (see :meth:`optimize_prior_precision`).
+        params: which weights (the :class:`landscape.Objective` selection; default all).
+        chunk_size: examples per vectorised Jacobian block (``None``: a whole batch).
+        seed, generator: for :meth:`sample` / :meth:`bayesian_model_average` (weight-space samples).
+        dtype, device, progress: as for :class:`landscape.Objective`.
+
+    Attributes: ``ggn_diagonal`` (``[P]``), ``nll`` (``-log p(D|theta*)``), ``theta_sq``
+    (``||theta*||^2``), ``num_params``, ``config``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Any,
+        data: Any,
+        prior_precision: float = 1.0,
+        *,
+        params: Any = None,
+        chunk_size: int | None = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        progress: bool = False,
+    ) -> None:
+        self._setup(
+            model, loss_fn, data, prior_precision, params, dtype=dtype, device=device, progress=progress
+        )
+        if chunk_size is not None:
+            check_positive("chunk_size", chunk_size, integer=True)
+        self.chunk_size = chunk_size
+        obj = self.objective
+        self.num_params = obj.num_params
+        named = dict(model.named_parameters())
+        self._model_params = [named[n] for n in obj.param_names]
+        self.generator, self.seed = resolve_generator(seed, generator, self._model_params[0].device)
+        diag = torch.zeros(obj.num_params, dtype=obj.dtype, device=obj.device)
+        nll = 0.0
+        with obj.guard(), torch.no_grad():
+            for x, y, _ in obj.batches():
+                f, J = self._jacobian(x)
+                n_b, lam = _nll_and_lambda(f, y, self.likelihood)
+                nll += float(n_b)
+                if self.likelihood == "categorical":
+                    p = torch.softmax(f, dim=1)
+                    centred = J - torch.einsum("bc,bcp->bp", p, J).unsqueeze(1)
+                    diag += torch.einsum("bc,bcp->p", p, centred.square())
+                else:
+                    diag += torch.einsum("b,bp->p", lam[:, 0, 0], J[:, 0].square())
+        self.ggn_diagonal = diag
+        self.nll = nll
+        self.theta_sq = float(obj.flat_params().square().sum())
+        self.config = {
+            "kind": "diag_laplace",
+            "likelihood": self.likelihood,
+            "objective": obj.config(),
+            "chunk_size": chunk_size,
+            "seed": self.seed,
+        }
+
+    def _jacobian(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[B, C]`` and per-example Jacobians ``[B, C, P]`` at ``theta*``."""
+        obj = self.objective
+        full, bufs = obj._merge(None), obj.buffers()
+        sel = {n: full[n] for n in obj.param_names}
+        frozen = {n: t for n, t in full.items() if n not in sel}
+        out = obj._call(full, bufs, x)
+        self._output_ndim = out.ndim
+        f = _logits(out, self.likelihood)
+
+        def one(s, xi):
+            out = obj._call({**frozen, **s}, bufs, _map_inputs(xi, lambda t: t.unsqueeze(0)))
+            return out.reshape(-1)
+
+        jac = vmap(jacrev(one), in_dims=(None, 0), chunk_size=self.chunk_size)(sel, x)
+        B, C = f.shape
+        J = torch.cat([jac[n].reshape(B, C, -1) for n in obj.param_names], dim=2)
+        return f, J
+
+    def _curvature_eigs(self) -> torch.Tensor:
+        return self.ggn_diagonal
+
+    def posterior_variance(self) -> torch.Tensor:
+        """``1 / (diag(G) + delta)`` as a flat ``[P]`` vector (the objective's parameter order)."""
+        return 1.0 / (self.ggn_diagonal + self.prior_precision)
+
+    def posterior_std(self) -> dict[torch.Tensor, torch.Tensor]:
+        """Per selected model parameter, ``sqrt(1 / (diag(G) + delta))`` (for :meth:`sample`)."""
+        std = self.posterior_variance().sqrt()
+        out, off = {}, 0
+        for p in self._model_params:
+            out[p] = std[off : off + p.numel()].reshape(p.shape).to(device=p.device, dtype=p.dtype)
+            off += p.numel()
+        return out
+
+    def _function_space(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        f, J = self._jacobian(x)
+        cov = torch.einsum("bcp,p,bdp->bcd", J, self.posterior_variance(), J)
+        return f, cov
+
+
+# --------------------------------------------------------------------------------------------
+# last-layer Laplace
+# --------------------------------------------------------------------------------------------
+def _find_last_linear(model: nn.Module, last_layer: Any) -> tuple[str, nn.Linear]:
+    mods = dict(model.named_modules())
+    if last_layer is None:
+        found = [(n, m) for n, m in mods.items() if isinstance(m, nn.Linear)]
+        if not found:
+            raise ValueError(
+                "the model has no nn.Linear layer; pass last_layer= (a Linear module or its name)"
+            )
+        return found[-1]
+    if isinstance(last_layer, str):
+        if last_layer not in mods:
+            raise ValueError(
+                f"last_layer {last_layer!r} is not a module name of the model; names: {list(mods)}"
+            )
+        last_layer = mods[last_layer]
+    for n, m in mods.items():
+        if m is last_layer:
+            if not isinstance(m, nn.Linear):
+                raise TypeError(f"last_layer must be an nn.Linear, got {type(m).__name__}")
+            return n, m
+    raise ValueError("last_layer is not a submodule of model")
+
+
+class LastLayerLaplace(_Laplace):
+    r"""Laplace over the last ``nn.Linear`` layer, with the exact full GGN in closed form.
+
+    With ``phi_n`` the layer's input and ``f_n = W phi_n + b`` the logits, the Jacobian of ``f_n``
+    in ``(W, b)`` is ``[I_C (x) phi_n^T, I_C]`` (``W`` flattened row-major, then ``b``: the order of
+    ``model.named_parameters()``), so
+
+        G_WW = sum_n Lambda_n (x) phi_n phi_n^T,  G_Wb = sum_n Lambda_n (x) phi_n,  G_bb = sum_n Lambda_n
+
+    (in vec/column-major order the first is ``sum_n phi_n phi_n^T (x) Lambda_n``).  One pass over the
+    data, cost ``O(N C^2 D^2)``, memory ``O(C^2 D^2)``; one eigendecomposition of ``G``
+    (``O((C D)^3)``) then gives the covariance, log-determinant and evidence for every ``delta``.
+    The model's output must be the layer's output (checked); the predictive is exact in function
+    space given the features, since the logits are linear in the layer's weights.
+
+    Args:
+        model, loss_fn, data, prior_precision, dtype, device, progress: as :class:`DiagLaplace`.
+        last_layer: the ``nn.Linear`` (or its name); default the last one in ``model.modules()``.
+
+    Attributes: ``ggn`` (``[P, P]``), ``nll``, ``theta_sq``, ``num_params``, ``param_names``,
+    ``config``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Any,
+        data: Any,
+        prior_precision: float = 1.0,
+        *,
+        last_layer: Any = None,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        progress: bool = False,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        name, layer = _find_last_linear(model, last_layer)
+        self.layer = layer
+        self._setup(
+            model, loss_fn, data, prior_precision, layer, dtype=dtype, device=device, progress=progress
+        )
+        obj = self.objective
+        self.param_names = list(obj.param_names)
+        self.num_params = obj.num_params
+        C, D = layer.out_features, layer.in_features
+        self._has_bias = layer.bias is not None
+        Dt = D + int(self._has_bias)
+        G = torch.zeros(C, Dt, C, Dt, dtype=obj.dtype, device=obj.device)
+        nll = 0.0
+        with obj.guard(), torch.no_grad():
+            for x, y, _ in obj.batches():
+                phi, f = self._features(x)
+                n_b, lam = _nll_and_lambda(f, y, self.likelihood)
+                nll += float(n_b)
+                G += torch.einsum("nab,nd,ne->adbe", lam, phi, phi)
+        # augmented order (c, d~) with d~ = D the bias  ->  parameter order (W row-major, then b)
+        self._perm = self._param_order(C, D)
+        self.ggn = G.reshape(C * Dt, C * Dt)[self._perm][:, self._perm]
+        self.ggn = 0.5 * (self.ggn + self.ggn.T)
+        self._eigvals, self._eigvecs = torch.linalg.eigh(self.ggn)
+        self.nll = nll
+        self.theta_sq = float(obj.flat_params().square().sum())
+        self.config = {
+            "kind": "last_layer_laplace",
+            "likelihood": self.likelihood,
+            "last_layer": name,
+            "objective": obj.config(),
+        }
+
+    def _param_order(self, C: int, D: int) -> torch.Tensor:
+        """Index into the augmented ``(c, d~)`` flattening for each parameter position."""
+        Dt = D + int(self._has_bias)
+        aug = torch.arange(C * Dt).reshape(C, Dt)
+        order = [aug[:, :D].reshape(-1)]
+        if self._has_bias:
+            order.append(aug[:, D])
+        return torch.cat(order).to(self.objective.device)
+
+    def _features(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer inputs ``phi`` (``[B, D]``, with a column of ones if there is a bias) and logits."""
+        obj = self.objective
+        seen: dict[str, torch.Tensor] = {}
+
+        def hook(_m, inp, out):
+            seen["phi"], seen["out"] = inp[0], out
+
+        handle = self.layer.register_forward_hook(hook)
+        try:
+            out = obj._call(obj._merge(None), obj.buffers(), x)
+        finally:
+            handle.remove()
+        if "phi" not in seen or seen["out"].shape != out.shape or not torch.equal(seen["out"], out):
+            raise ValueError(
+                "the model's output is not the output of the last layer "
+                f"({type(self.layer).__name__}); the last-layer Laplace needs logits = layer(features): "
+                "pass last_layer= or move post-processing out of the model"
+            )
+        self._output_ndim = out.ndim
+        phi = seen["phi"]
+        if phi.ndim != 2:
+            raise ValueError(f"the last layer's input must be [B, D] features, got {tuple(phi.shape)}")
+        if self._has_bias:
+            phi = torch.cat([phi, torch.ones_like(phi[:, :1])], dim=1)
+        return phi, _logits(out, self.likelihood)
+
+    def _curvature_eigs(self) -> torch.Tensor:
+        return self._eigvals
+
+    def posterior_covariance(self, prior_precision: float | None = None) -> torch.Tensor:
+        """``(G + delta I)^-1`` ``[P, P]`` in the parameter order (``param_names``)."""
+        d = self.prior_precision if prior_precision is None else prior_precision
+        check_positive("prior_precision", d)
+        V, lam = self._eigvecs, self._eigvals.clamp_min(0.0)
+        return (V / (lam + d)) @ V.T
+
+    def _function_space(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        phi, f = self._features(x)
+        C, Dt = f.shape[1], phi.shape[1]
+        S = torch.empty_like(self.ggn)
+        S[self._perm.unsqueeze(1), self._perm.unsqueeze(0)] = self.posterior_covariance()
+        S = S.reshape(C, Dt, C, Dt)
+        return f, torch.einsum("bd,cdke,be->bck", phi, S, phi)

@@ -1,0 +1,339 @@
+"""VOGN: variational online Gauss-Newton (Khan et al. 2018; Osawa et al. 2019, Alg. 1).
+
+Mean-field Gaussian variational learning whose precision is an exponential average of squared
+*per-example* gradients (a diagonal Gauss-Newton estimate).  The update, its derivation and where it
+differs from the paper and the authors' code are in ``docs/methods/optimizers.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from landscape.checks import check_range
+from optimizers.posterior import (
+    DiagonalGaussianPosterior,
+    check_nonneg,
+    check_num_data,
+    check_positive,
+    resolve_generator,
+)
+from optimizers.state import check_state_dict, tag_state_dict
+
+__all__ = ["VOGN", "per_example_gradient_moments"]
+
+
+def _check_betas(name: str, betas: Any) -> None:
+    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+        raise ValueError(f"{name} must be two numbers (beta1, beta2), got {betas!r}")
+    check_range(f"{name}[0]", betas[0], 0.0, 1.0, high_open=True)
+    check_range(f"{name}[1]", betas[1], 0.0, 1.0, low_open=True)
+
+
+def per_example_gradient_moments(
+    losses: torch.Tensor,
+    params: list[torch.Tensor],
+    chunk_size: int | None = None,
+    state: dict[str, Any] | None = None,
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+    """``(sum_i g_i, sum_i g_i * g_i)`` per parameter, ``g_i = d losses[i] / d param``.
+
+    ``losses`` is a ``[B]`` tensor attached to the autograd graph; example ``i``'s gradient is row
+    ``i`` of the Jacobian of ``losses``, obtained by batched backward passes
+    (``torch.autograd.grad(..., is_grads_batched=True)``) over ``chunk_size`` rows at a time
+    (``None``: all ``B`` at once; memory ``chunk_size x p``).  If an operation does not support the
+    batched backward, it falls back to one backward pass per example (and remembers that in
+    ``state["batched"] = False``).  A parameter the losses do not depend on gives ``None``.
+    """
+    state = {} if state is None else state
+    B = int(losses.shape[0])
+    cs = B if chunk_size is None else min(int(chunk_size), B)
+    g_sum: list[torch.Tensor | None] = [None] * len(params)
+    h_sum: list[torch.Tensor | None] = [None] * len(params)
+
+    def add(rows: tuple[torch.Tensor | None, ...]) -> None:
+        for j, r in enumerate(rows):
+            if r is None:
+                continue
+            gs, hs = r.sum(0), r.square().sum(0)
+            g_sum[j] = gs if g_sum[j] is None else g_sum[j] + gs
+            h_sum[j] = hs if h_sum[j] is None else h_sum[j] + hs
+
+    eye = torch.eye(B, dtype=losses.dtype, device=losses.device)
+    for start in range(0, B, cs):
+        stop = min(B, start + cs)
+        if state.get("batched", True):
+            try:
+                rows = torch.autograd.grad(
+                    losses,
+                    params,
+                    grad_outputs=(eye[start:stop],),
+                    is_grads_batched=True,
+                    retain_graph=True,
+                    allow_unused=True,
+                )
+                add(rows)
+                continue
+            except RuntimeError as err:  # an op without a batching rule: one pass per example
+                state["batched"] = False
+                state["batched_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        for i in range(start, stop):
+            gi = torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True)
+            add(tuple(None if g is None else g.unsqueeze(0) for g in gi))
+    return g_sum, h_sum
+
+
+class VOGN(DiagonalGaussianPosterior, torch.optim.Optimizer):
+    r"""VOGN: mean-field Gaussian ``q = N(mu, diag(sigma^2))`` learned by natural-gradient VI.
+
+    The model's parameters hold the mean ``mu``; per parameter the optimizer keeps the momentum
+    ``m = 0`` and the scaled precision ``s = s_init``.  With ``delta~ = tau * prior_precision / N``
+    (``tau`` = ``tempering``) and ``gamma`` = ``damping``, one step is (Osawa et al. 2019, Alg. 1)::
+
+        sigma = sqrt(tau / (N (s + delta~ + gamma)))
+        for k = 1..K (mc_samples):
+            theta_k = mu + sigma * z_k,  z_k ~ N(0, I)            # written into the parameters
+            g_ik = grad of example i's loss at theta_k           # per-example gradients
+            g_k = mean_i g_ik,   h_k = mean_i g_ik^2             # gradient, diagonal GGN estimate
+        g, h = means over k
+        m  <- beta1 m + (g + delta~ mu)                          # momentum, no (1 - beta1) factor
+        s  <- (1 - beta2) s + beta2 h                            # beta2 weighs the NEW estimate
+        mu <- mu - lr m / (s + delta~ + gamma)
+
+    The posterior precision is ``N (s + delta~ + gamma) / tau``.  Noise is drawn with
+    ``self.generator``, sample by sample, parameter by parameter in ``param_groups`` order,
+    ``torch.randn(p.shape, generator, dtype=p.dtype, device=p.device)``.
+
+    **Closure contract (differs from the other optimizers):** the closure runs the forward pass
+    and returns the *per-example* losses, a 1-D tensor ``[B]`` attached to the graph, e.g.
+    ``lambda: F.cross_entropy(model(x), y, reduction="none")``; it does not call ``backward``.
+    The optimizer differentiates every entry (see :func:`per_example_gradient_moments`); examples
+    must not interact (no train-mode BatchNorm).  After the step ``p.grad`` holds ``g``.
+
+    Args:
+        params: parameters or param groups (``lr``, ``betas``, ``prior_precision``, ``damping`` may
+            be set per group).
+        lr: step size alpha (official CIFAR-10 ResNet-18 setting 1e-4).
+        num_data: ``N`` (times the data-augmentation factor rho if one is used, Osawa et al.
+            Sec. 3.1; official CIFAR-10 setting rho = 10).
+        betas: ``(beta1, beta2)``: momentum and the weight of the new curvature estimate; default
+            ``(0.9, 0.999)`` (official configurations).
+        prior_precision: ``delta`` of the prior ``N(0, I / delta)``; default 50 (official CIFAR-10
+            prior variance 0.02).
+        damping: ``gamma``, default 1e-3 (official CIFAR-10 setting).
+        tempering: ``tau`` (1: the Bayesian posterior; < 1: a cold posterior).
+        s_init: initial ``s``, default 1.0.
+        mc_samples: ``K``, weight samples per step (each one closure call).
+        chunk_size: rows of the per-example Jacobian formed at once (``None``: the whole batch).
+        seed, generator: randomness (see :func:`optimizers.posterior.resolve_generator`).
+
+    ``self.last``: ``loss`` (mean over examples and samples), ``grad_norm`` (``||g||``),
+    ``noise_norm`` (mean over samples of ``||theta_k - mu||``), ``s_min/s_mean/s_max`` (after the
+    update), ``posterior_std_mean``.  Prediction: :meth:`posterior_std`, :meth:`sample`,
+    :meth:`bayesian_model_average`.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float,
+        num_data: int,
+        betas: tuple[float, float] = (0.9, 0.999),  # official configurations
+        prior_precision: float = 50.0,  # official CIFAR-10 setting (prior variance 0.02)
+        damping: float = 1e-3,  # official CIFAR-10 setting
+        tempering: float = 1.0,
+        s_init: float = 1.0,
+        mc_samples: int = 1,
+        chunk_size: int | None = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        check_nonneg("lr", lr)
+        check_num_data(num_data)
+        _check_betas("betas", betas)
+        check_nonneg("prior_precision", prior_precision)
+        check_nonneg("damping", damping)
+        check_positive("tempering", tempering)
+        check_nonneg("s_init", s_init)
+        check_positive("mc_samples", mc_samples, integer=True)
+        if chunk_size is not None:
+            check_positive("chunk_size", chunk_size, integer=True)
+        if s_init + damping + prior_precision == 0:
+            raise ValueError(
+                "s_init, damping and prior_precision are all 0: the initial posterior variance is "
+                "infinite; make one of them positive (e.g. damping=1e-3)"
+            )
+        defaults = dict(lr=lr, betas=tuple(betas), prior_precision=prior_precision, damping=damping)
+        super().__init__(params, defaults)
+        self.num_data = int(num_data)
+        self.tempering = float(tempering)
+        self.s_init = float(s_init)
+        self.mc_samples = int(mc_samples)
+        self.chunk_size = chunk_size
+        first = next((p for g in self.param_groups for p in g["params"]), None)
+        self.generator, self.seed = resolve_generator(
+            seed, generator, first.device if first is not None else None
+        )
+        self.config = dict(
+            lr=lr,
+            num_data=num_data,
+            betas=tuple(betas),
+            prior_precision=prior_precision,
+            damping=damping,
+            tempering=tempering,
+            s_init=s_init,
+            mc_samples=mc_samples,
+            chunk_size=chunk_size,
+            seed=self.seed,
+        )
+        self._grad_state: dict[str, Any] = {}
+        self.last: dict[str, Any] = {}
+
+    # ----------------------------------------------------------------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group; its hyperparameters (given or defaulted) are checked like the constructor's."""
+        super().add_param_group(param_group)
+        group, i = self.param_groups[-1], len(self.param_groups) - 1
+        for key in ("lr", "prior_precision", "damping"):
+            check_nonneg(f"{key} (param group {i})", group[key])
+        _check_betas(f"betas (param group {i})", group["betas"])
+
+    def _params(self) -> list[tuple[dict[str, Any], torch.Tensor]]:
+        return [(g, p) for g in self.param_groups for p in g["params"] if p.requires_grad]
+
+    def _s(self, p: torch.Tensor) -> torch.Tensor:
+        st = self.state[p]
+        if "s" not in st:
+            st["s"] = torch.full_like(p, self.s_init, memory_format=torch.preserve_format)
+            st["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["step"] = 0
+        return st["s"]
+
+    def _delta(self, group: dict[str, Any]) -> float:
+        """``delta~ = tau * prior_precision / N`` (Osawa et al. 2019, Sec. 3)."""
+        return self.tempering * group["prior_precision"] / self.num_data
+
+    def precision(self) -> dict[torch.Tensor, torch.Tensor]:
+        """The scaled precision ``s`` of every parameter (``s_init`` before the first step)."""
+        return {p: self._s(p).detach().clone() for _, p in self._params()}
+
+    def posterior_std(self) -> dict[torch.Tensor, torch.Tensor]:
+        """``sqrt(tau / (N (s + delta~ + gamma)))`` for every parameter."""
+        out = {}
+        for group, p in self._params():
+            denom = self.num_data * (self._s(p).detach() + self._delta(group) + group["damping"])
+            out[p] = torch.sqrt(self.tempering / denom)
+        return out
+
+    # ----------------------------------------------------------------------------------------
+    def _losses(self, closure: Callable[[], Any]) -> torch.Tensor:
+        with torch.enable_grad():
+            losses = closure()
+        if not isinstance(losses, torch.Tensor) or losses.ndim != 1 or losses.shape[0] == 0:
+            got = (
+                f"shape {tuple(losses.shape)}" if isinstance(losses, torch.Tensor) else type(losses).__name__
+            )
+            raise ValueError(
+                f"VOGN: the closure must return the per-example losses, a 1-D tensor [B] with B >= 1, "
+                f"got {got}; e.g. `return F.cross_entropy(model(x), y, reduction='none')` (no backward)"
+            )
+        if not losses.requires_grad:
+            raise ValueError(
+                "VOGN: the per-example losses returned by the closure are not attached to the autograd "
+                "graph; do not compute them under torch.no_grad() or detach them"
+            )
+        return losses
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> torch.Tensor:  # type: ignore[override]
+        """One VOGN step (``mc_samples`` closure calls).  Returns the mean per-example loss."""
+        if closure is None or not callable(closure):
+            raise ValueError(
+                "VOGN.step needs a closure that runs the forward pass and returns the per-example "
+                "losses [B], e.g. `lambda: F.cross_entropy(model(x), y, reduction='none')`"
+            )
+        pairs = self._params()
+        params = [p for _, p in pairs]
+        s_list = [self._s(p) for p in params]
+        std_map = self.posterior_std()
+        stds = [std_map[p] for p in params]
+        g_acc: list[torch.Tensor | None] = [None] * len(params)
+        h_acc: list[torch.Tensor | None] = [None] * len(params)
+        losses_mean, noise_norm = [], 0.0
+        for _ in range(self.mc_samples):
+            saved = [p.detach().clone() for p in params]
+            try:
+                sq = 0.0
+                for p, std in zip(params, stds):
+                    e = torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device)
+                    e.mul_(std)
+                    sq += float(e.square().sum())
+                    p.add_(e)
+                noise_norm += math.sqrt(sq)
+                losses = self._losses(closure)
+                with torch.enable_grad():
+                    g_sum, h_sum = per_example_gradient_moments(
+                        losses, params, self.chunk_size, self._grad_state
+                    )
+            finally:
+                for p, old in zip(params, saved):
+                    p.copy_(old)
+            B = losses.shape[0]
+            losses_mean.append(losses.detach().mean())
+            for j in range(len(params)):
+                if g_sum[j] is None:
+                    continue
+                g_acc[j] = g_sum[j] / B if g_acc[j] is None else g_acc[j] + g_sum[j] / B
+                h_acc[j] = h_sum[j] / B if h_acc[j] is None else h_acc[j] + h_sum[j] / B
+            del losses
+        K = self.mc_samples
+        g_sq = 0.0
+        for j, ((group, p), s) in enumerate(zip(pairs, s_list)):
+            if g_acc[j] is None:
+                continue
+            st = self.state[p]
+            beta1, beta2 = group["betas"]
+            delta = self._delta(group)
+            g, h = g_acc[j] / K, h_acc[j] / K
+            g_sq += float(g.square().sum())
+            st["momentum"].mul_(beta1).add_(g + delta * p)
+            s.mul_(1.0 - beta2).add_(h, alpha=beta2)
+            p.addcdiv_(st["momentum"], s + delta + group["damping"], value=-group["lr"])
+            st["step"] += 1
+            p.grad = g
+        all_s = torch.cat([s.reshape(-1) for s in s_list]) if s_list else torch.ones(1)
+        all_std = torch.cat([v.reshape(-1) for v in self.posterior_std().values()]) if s_list else all_s
+        loss = torch.stack(losses_mean).mean()
+        self.last = dict(
+            loss=float(loss),
+            grad_norm=math.sqrt(g_sq),
+            noise_norm=noise_norm / K,
+            s_min=float(all_s.min()),
+            s_mean=float(all_s.mean()),
+            s_max=float(all_s.max()),
+            posterior_std_mean=float(all_std.mean()),
+        )
+        return loss
+
+    # ----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["generator"] = self.generator.get_state()
+        return tag_state_dict(sd, self, self.param_groups)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sd = check_state_dict(state_dict, self, self.param_groups, required=("state", "param_groups"))
+        for i, group in enumerate(sd["param_groups"]):
+            missing = [k for k in ("lr", "betas", "prior_precision", "damping") if k not in group]
+            if missing:
+                raise ValueError(
+                    f"VOGN.load_state_dict: param group {i} lacks {missing}; the state dict was not "
+                    "produced by VOGN.state_dict()"
+                )
+        gen = sd.pop("generator", None)
+        super().load_state_dict(sd)
+        if gen is not None:
+            self.generator.set_state(gen)
