@@ -91,7 +91,9 @@ class VOGN(DiagonalGaussianPosterior, torch.optim.Optimizer):
 
     The model's parameters hold the mean ``mu``; per parameter the optimizer keeps the momentum
     ``m = 0`` and the scaled precision ``s = s_init``.  With ``delta~ = tau * prior_precision / N``
-    (``tau`` = ``tempering``) and ``gamma`` = ``damping``, one step is (Osawa et al. 2019, Alg. 1)::
+    (``tau`` = ``tempering``) and ``gamma`` = ``damping``, one step is (Osawa et al. 2019, Alg. 1, as
+    the authors' ``torchsso`` code runs it: ``VIOptimizer`` with raw momentum and a diagonal
+    ``Cov`` curvature; Khan et al. 2018, Sec. 3, for the natural-gradient derivation)::
 
         sigma = sqrt(tau / (N (s + delta~ + gamma)))
         for k = 1..K (mc_samples):
