@@ -14,7 +14,9 @@ rate is legal in ``torch.optim``); integers must be Python or numpy integers.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ import torch
 
 __all__ = [
     "ArgumentTypeError",
+    "available_bytes",
     "check_choice",
     "check_finite",
     "check_int",
@@ -31,6 +34,7 @@ __all__ = [
     "check_probability",
     "check_range",
     "check_seed",
+    "format_bytes",
 ]
 
 #: Largest seed ``torch.Generator.manual_seed`` accepts.
@@ -161,3 +165,48 @@ def check_seed(seed: Any, name: str = "seed", *, allow_generator: bool = True) -
         raise ArgumentTypeError(f"{name} must be {accepted}; got {type(seed).__name__} ({seed!r})")
     if not 0 <= int(seed) <= MAX_SEED:
         raise ValueError(f"{name} must be {accepted}; got {seed!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# memory: checked before a large allocation, so that the error names the size and the fix
+# --------------------------------------------------------------------------------------------
+def available_bytes(device: torch.device | str) -> int | None:
+    """Memory that can still be allocated on ``device`` (``None`` when it cannot be determined).
+
+    CPU: ``MemAvailable`` of ``/proc/meminfo`` (else ``sysconf``), capped by a cgroup v2 limit;
+    CUDA: the free memory reported by the driver.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except Exception:  # no driver / not initialised: do not guess
+            return None
+    if device.type != "cpu":
+        return None
+    avail = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if avail is None:
+        try:
+            avail = int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    try:  # a container's memory limit can be far below the machine's free memory
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit.isdigit():
+            avail = min(avail, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in GiB (from 0.25 GiB) or MiB."""
+    return f"{n / 2**30:.3g} GiB" if n >= 2**28 else f"{n / 2**20:.3g} MiB"

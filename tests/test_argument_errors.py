@@ -9,7 +9,6 @@ also shows that the fix suggested by an error works.
 from __future__ import annotations
 
 import copy
-import importlib
 import math
 import re
 import tracemalloc
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 import landscape as ls
+from landscape import checks
 from landscape import directions as D
 from landscape.checks import ArgumentTypeError, check_probability, check_seed
 from landscape.objective import Objective
@@ -29,7 +29,6 @@ from optimizers import ASAM, MFVI, SAM, BayesianSAM, SGDTracer, VariationalSAM
 from tests.references import make_classification_data, make_mlp, matrix_with_spectrum, split_batches
 
 CE = nn.CrossEntropyLoss()
-grid_module = importlib.import_module("landscape.surface.grid")
 
 
 def _matrix(p: int = 30) -> torch.Tensor:
@@ -276,7 +275,7 @@ def test_surface_decreasing_coords_are_valid(setup):
 
 def test_huge_grid_is_refused_before_allocating(setup, monkeypatch):
     _, _, _, obj, d1, d2 = setup
-    monkeypatch.setattr(grid_module, "_available_bytes", lambda device: 16 * 2**30)
+    monkeypatch.setattr(checks, "available_bytes", lambda device: 16 * 2**30)
     xs = np.linspace(-1, 1, 100_000)
     tracemalloc.start()
     try:
@@ -292,13 +291,13 @@ def test_huge_grid_is_refused_before_allocating(setup, monkeypatch):
 def test_strategy_workspace_is_checked_and_the_suggested_fix_works(setup, monkeypatch):
     _, _, _, obj, d1, d2 = setup
     xs = np.linspace(-1, 1, 10)
-    monkeypatch.setattr(grid_module, "_available_bytes", lambda device: 60_000)
+    monkeypatch.setattr(checks, "available_bytes", lambda device: 60_000)
     with pytest.raises(ValueError, match=r"strategy 'vmap' would allocate .*smaller batch_points"):
         surface(obj, [d1, d2], [xs, xs], strategy="vmap", batch_points=100)
     ok = surface(obj, [d1, d2], [xs, xs], strategy="vmap", batch_points=4)
     ref = surface(obj, [d1, d2], [xs, xs], strategy="loop")
     np.testing.assert_allclose(ok.loss, ref.loss, rtol=1e-12)
-    monkeypatch.setattr(grid_module, "_available_bytes", lambda device: 3_000)
+    monkeypatch.setattr(checks, "available_bytes", lambda device: 3_000)
     with pytest.raises(ValueError, match=r"strategy 'linear_first_layer' .*use strategy='loop'"):
         surface(obj, [d1], [xs[:3]], strategy="linear_first_layer")
 

@@ -44,6 +44,7 @@ from torch import nn
 __all__ = ["surface"]
 
 
+from landscape import checks
 from landscape.surface.evaluators import (
     _bn_modules,
     _Evaluator,
@@ -212,30 +213,7 @@ def _hash_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _available_bytes(device: torch.device) -> int | None:
-    """Memory that can still be allocated on ``device`` (None when it cannot be determined)."""
-    if device.type == "cuda":
-        try:
-            return int(torch.cuda.mem_get_info(device)[0])
-        except Exception:  # no driver / not initialised: do not guess
-            return None
-    if device.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.3g} GiB" if n >= 2**28 else f"{n / 2**20:.3g} MiB"
+_fmt = checks.format_bytes
 
 
 def _check_grid_memory(shape: tuple[int, ...], n_metrics: int) -> None:
@@ -244,12 +222,12 @@ def _check_grid_memory(shape: tuple[int, ...], n_metrics: int) -> None:
     n_points = math.prod(shape)
     per_point = 3 * 8 * n_metrics + 3 + 8 * len(shape)
     need = n_points * per_point
-    avail = _available_bytes(torch.device("cpu"))
+    avail = checks.available_bytes(torch.device("cpu"))
     if avail is not None and need > avail:
         dims = " x ".join(str(n) for n in shape)
         raise ValueError(
-            f"a {dims} grid has {n_points:,} points and needs about {_gib(need)} of host memory for its "
-            f"values, masks and indices ({per_point} bytes per point), but only {_gib(avail)} is "
+            f"a {dims} grid has {n_points:,} points and needs about {_fmt(need)} of host memory for its "
+            f"values, masks and indices ({per_point} bytes per point), but only {_fmt(avail)} is "
             "available; use fewer coordinates per axis (a coarser or smaller grid)"
         )
 
@@ -258,7 +236,7 @@ def _check_workspace_memory(obj, cls, dirs, bn_policy, shape, batch_points, data
     """What the chosen strategy allocates on the objective's device, checked before allocating."""
     n_points = -(-math.prod(shape) // world)
     need, desc = cls.workspace_bytes(obj, dirs, bn_policy, n_points, batch_points, data_bytes)
-    avail = _available_bytes(obj.device)
+    avail = checks.available_bytes(obj.device)
     if avail is None or need <= avail:
         return
     if cls.name == "vmap":
@@ -269,8 +247,8 @@ def _check_workspace_memory(obj, cls, dirs, bn_policy, shape, batch_points, data
     else:
         fix = "use less data per Objective (e.g. a DataLoader, which is streamed) or a smaller model"
     raise ValueError(
-        f"strategy {cls.name!r} would allocate about {_gib(need)} on {obj.device} for {desc}, but only "
-        f"{_gib(avail)} is available; {fix}"
+        f"strategy {cls.name!r} would allocate about {_fmt(need)} on {obj.device} for {desc}, but only "
+        f"{_fmt(avail)} is available; {fix}"
     )
 
 
