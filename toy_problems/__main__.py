@@ -1,32 +1,68 @@
-"""``python -m toy_problems figures --out DIR [--only NAME ...] [--resolution N]``."""
+"""``python -m toy_problems figures --out DIR [--only NAME ...] [--resolution N]``.
+
+Errors end in one ``error: <what> — <how to fix>`` line on stderr (exit status 2 for usage, 1 for
+runtime failures, 130 on Ctrl-C); ``--debug`` also prints the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 
-def main(argv: list[str] | None = None) -> int:
+def _resolution(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 10:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r} — give a whole number >= 10 (< 100 is the reduced mode)"
+        )
+    return value
+
+
+def _main(argv: list[str]) -> int:
+    from landscape.cli_common import CliError, Parser, UsageError, add_debug_option, check_output
     from toy_problems.figures import FIGURES, make_figures
 
-    parser = argparse.ArgumentParser(prog="python -m toy_problems")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="python -m toy_problems")
+    add_debug_option(parser)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     fig = sub.add_parser("figures", help="regenerate the papers' toy figures (PNG + JSON)")
     fig.add_argument("--out", required=True, help="output directory")
     fig.add_argument("--only", action="append", choices=list(FIGURES), help="one figure (repeatable)")
-    fig.add_argument("--resolution", type=int, default=200, help="grid size; < 100 = reduced mode")
-    sub.add_parser("list", help="list the registered toy problems")
+    fig.add_argument(
+        "--resolution", type=_resolution, default=200, help="grid size (>= 10); < 100 = reduced mode"
+    )
+    add_debug_option(fig)
+    listing = sub.add_parser("list", help="list the registered toy problems")
+    add_debug_option(listing)
     args = parser.parse_args(argv)
     if args.command == "list":
         import toy_problems as tp
 
         print("\n".join(tp.names()))
         return 0
+    from pathlib import Path
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file", "give a directory (it is created if missing)")
+    check_output(str(out / "figure.png"), "--out")
     try:
         make_figures(args.out, args.only, args.resolution)
     except ValueError as exc:
-        parser.error(str(exc))
+        raise CliError(str(exc), "see `python -m toy_problems figures --help`") from None
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; returns 0, or raises ``SystemExit`` with the status after one error line."""
+    from landscape.cli_common import run_cli
+
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":

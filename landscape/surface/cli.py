@@ -1,10 +1,15 @@
-"""``python -m landscape surface ...``: the loss surface of a saved model on a data set."""
+"""``python -m landscape surface ...``: the loss surface of a saved model on a data set.
+
+The output ``--out`` is locked (``OUT.lock``) while a run writes it. Ctrl-C and SIGTERM save the
+points finished so far in ``--out`` (with a completion mask; :func:`landscape.surface.surface`
+saves its ``resume`` file on ``KeyboardInterrupt``), and ``--resume`` continues from there.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,108 +19,162 @@ from torch import nn
 __all__ = ["Surface", "surface", "add_cli"]
 
 
+from landscape.cli_common import (
+    DATA_HELP,
+    CliError,
+    OneOrTwo,
+    Terminated,
+    UsageError,
+    add_debug_option,
+    check_device,
+    check_output,
+    finite_float,
+    load_data,
+    nonnegative_int,
+    output_lock,
+    positive_int,
+)
+from landscape.cli_models import add_model_options, load_model, parse_model_args
 from landscape.surface.grid import _BN_POLICIES, _STRATEGIES, surface
-from landscape.surface.result import Surface
+from landscape.surface.result import Surface, load_surface
 
 
-def _build_model(spec: str, kwargs: dict[str, Any]) -> nn.Module:
-    import importlib
+def _check_args(args: argparse.Namespace) -> None:
+    """Cross-option checks argparse cannot express; all are usage errors (status 2)."""
+    if args.dims == 1 and len(args.grid) == 2:
+        raise UsageError("--grid NX NY gives two axes but --dims is 1", "write --grid N, or --dims 2")
+    if args.dims == 1 and args.yrange is not None:
+        raise UsageError("--yrange needs a second axis but --dims is 1", "drop --yrange, or use --dims 2")
+    for option, lo_hi in (("--range", args.range), ("--yrange", args.yrange)):
+        if lo_hi is not None and not lo_hi[0] < lo_hi[1]:
+            raise UsageError(
+                f"{option} {lo_hi[0]:g} {lo_hi[1]:g} is empty or reversed",
+                f"write {option} LO HI with LO < HI",
+            )
+    if args.plot:
+        from matplotlib.backend_bases import FigureCanvasBase
 
-    from landscape.models import available_models, model_factory
+        kinds = FigureCanvasBase.get_supported_filetypes()
+        suffix = Path(args.plot).suffix.lstrip(".").lower()
+        if suffix not in kinds:
+            raise UsageError(
+                f"--plot {args.plot}: matplotlib cannot write "
+                + (f".{suffix} files" if suffix else "a file without an extension"),
+                f"end the name in one of .{', .'.join(sorted(kinds))}",
+            )
+    for option in ("out", "html", "vtk", "plot"):
+        check_output(getattr(args, option), f"--{option}")
+    check_device(args.device)
 
-    if ":" in spec:
-        mod_name, _, fn_name = spec.partition(":")
+
+def _interrupted(exc: KeyboardInterrupt, out: str, total: int) -> CliError:
+    how = "terminated by SIGTERM" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
+    status = 143 if isinstance(exc, Terminated) else 130
+    done = 0
+    if Path(out).exists():
         try:
-            mod = importlib.import_module(mod_name)
-        except ImportError as exc:
-            raise ValueError(f"--model {spec}: cannot import module {mod_name!r} ({exc})") from exc
-        fn = getattr(mod, fn_name, None)
-        if fn is None:
-            raise ValueError(f"--model {spec}: module {mod_name!r} has no attribute {fn_name!r}")
-        model = fn(**kwargs)
-    elif spec in available_models():
-        model = model_factory(spec, **kwargs)
-    else:
-        raise ValueError(f"--model must be module:function or one of {available_models()}, got {spec!r}")
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"--model {spec} returned {type(model).__name__}, not an nn.Module")
-    return model
+            done = int(np.count_nonzero(load_surface(out).mask))
+        except Exception:  # noqa: BLE001 - an unreadable leftover counts as nothing saved
+            done = 0
+    if done:
+        return CliError(
+            f"{how}; {done} of {total} grid points are saved in {out}",
+            "run the same command with --resume to compute the rest",
+            status,
+        )
+    return CliError(
+        f"{how} before any grid point was finished; nothing saved", "run the command again", status
+    )
 
 
 def _run_cli(args: argparse.Namespace) -> int:
+    import contextlib
+
     import torch.distributed as dist
 
     from landscape import directions as dmod
-    from landscape.data import batches, load_dataset
+    from landscape.data import batches
     from landscape.objective import Objective
 
+    _check_args(args)
+    model_args = parse_model_args(args.model_arg, args.model_kwargs)
     started_dist = False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group(backend="gloo")
         started_dist = True
     rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
     try:
-        dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
-        model = _build_model(args.model, json.loads(args.model_kwargs) if args.model_kwargs else {})
-        if args.state_dict:
-            state = torch.load(args.state_dict, map_location="cpu", weights_only=True)
-            if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-                state = state["state_dict"]
-            model.load_state_dict(state)
-        model = model.to(dtype)
-        extra = {"limit": args.limit} if args.limit and not args.data.startswith("digits") else {}
-        x, y = load_dataset(args.data, args.split, **extra)
-        if args.limit:
-            x, y = x[: args.limit], y[: args.limit]
-        data = batches(x.to(dtype), y, args.batch_size)
-        obj = Objective(model, nn.CrossEntropyLoss(), data, device=args.device)
-        n = args.grid
-        nx, ny = n[0], n[-1]
-        xr = args.range
-        yr = args.yrange or args.range
-        d1 = dmod.random(obj, args.normalization, seed=args.seed)
-        dirs, coords = [d1], [np.linspace(xr[0], xr[1], nx)]
-        if args.dims == 2:
-            dirs.append(dmod.random(obj, args.normalization, seed=args.seed + 1))
-            coords.append(np.linspace(yr[0], yr[1], ny))
-        s = surface(
-            obj,
-            dirs,
-            coords,
-            bn_policy=args.bn_policy,
-            strategy=args.strategy,
-            progress=not args.quiet and rank == 0,
-            resume=args.out if args.resume else None,
-            data_info={
-                "spec": args.data,
-                "split": args.split,
-                "limit": args.limit,
-                "batch_size": args.batch_size,
-            },
-        )
-        if rank == 0:
-            s.config["state_dict"] = str(args.state_dict) if args.state_dict else None
-            s.config["model_spec"] = args.model
-            s.save(args.out)
-            print(f"wrote {args.out}: {s!r}")
-            print(f"loss min {np.nanmin(s.loss):.6g} max {np.nanmax(s.loss):.6g}; {s.seconds:.3g} s")
-            if args.html:
-                s.to_html(args.html, include_plotlyjs="cdn")
-                print(f"wrote {args.html}")
-            if args.vtk:
-                s.to_vtk(args.vtk)
-                print(f"wrote {args.vtk}")
-            if args.plot:
-                import matplotlib
-
-                matplotlib.use("Agg")
-                ax = s.plot()
-                ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
-                print(f"wrote {args.plot}")
+        lock = output_lock(args.out, force=args.force) if rank == 0 else contextlib.nullcontext()
+        with lock:
+            dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
+            model, model_args = load_model(args.model, model_args, args.state_dict)
+            model = model.to(dtype)
+            x, y = load_data(args.data, args.split, args.limit, default_split="all")
+            data = batches(x.to(dtype), y, args.batch_size)
+            obj = Objective(model, nn.CrossEntropyLoss(), data, device=args.device)
+            nx, ny = args.grid[0], args.grid[-1]
+            xr = args.range
+            yr = args.yrange or args.range
+            d1 = dmod.random(obj, args.normalization, seed=args.seed)
+            dirs, coords = [d1], [np.linspace(xr[0], xr[1], nx)]
+            if args.dims == 2:
+                dirs.append(dmod.random(obj, args.normalization, seed=args.seed + 1))
+                coords.append(np.linspace(yr[0], yr[1], ny))
+            # one process: --out is also the checkpoint, so Ctrl-C / SIGTERM leave a partial file
+            # there; a fresh run (no --resume) starts from an empty file
+            if world == 1:
+                if not args.resume:
+                    Path(args.out).unlink(missing_ok=True)
+                resume = args.out
+            else:
+                resume = args.out if args.resume else None
+            try:
+                s = surface(
+                    obj,
+                    dirs,
+                    coords,
+                    bn_policy=args.bn_policy,
+                    strategy=args.strategy,
+                    progress=not args.quiet and rank == 0,
+                    resume=resume,
+                    data_info={
+                        "spec": args.data,
+                        "split": args.split,
+                        "limit": args.limit,
+                        "batch_size": args.batch_size,
+                    },
+                )
+            except KeyboardInterrupt as exc:
+                raise _interrupted(exc, args.out, int(np.prod([len(c) for c in coords]))) from None
+            if rank == 0:
+                s.config["state_dict"] = str(args.state_dict) if args.state_dict else None
+                s.config["model_spec"] = args.model
+                s.config["model_args"] = model_args
+                s.save(args.out)
+                print(f"wrote {args.out}: {s!r}")
+                print(f"loss min {np.nanmin(s.loss):.6g} max {np.nanmax(s.loss):.6g}; {s.seconds:.3g} s")
+                _exports(s, args)
     finally:
         if started_dist:
             dist.destroy_process_group()
     return 0
+
+
+def _exports(s: Surface, args: argparse.Namespace) -> None:
+    if args.html:
+        s.to_html(args.html, include_plotlyjs=True)  # Plotly embedded: the file works offline
+        print(f"wrote {args.html}")
+    if args.vtk:
+        s.to_vtk(args.vtk)
+        print(f"wrote {args.vtk}")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        ax = s.plot()
+        ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
+        print(f"wrote {args.plot}")
 
 
 def add_cli(subparsers: Any) -> None:
@@ -125,36 +184,43 @@ def add_cli(subparsers: Any) -> None:
         help="loss surface of a saved model along random filter-normalised directions",
         description=(
             "Evaluate a 1-D/2-D loss surface of a model on a data set and write a self-describing .npz. "
-            "Under torchrun the grid points are split across the ranks (gloo) and gathered."
+            "Ctrl-C or SIGTERM keep the finished points in --out; --resume continues. Under torchrun "
+            "the grid points are split across the ranks (gloo) and gathered. Errors end in one "
+            "'error:' line (exit status 2 for usage, 1 otherwise); --debug shows the traceback."
         ),
     )
+    add_model_options(p)
     p.add_argument(
-        "--model",
-        required=True,
-        help="module:function returning an nn.Module, or a registered name (mlp, lenet5, resnet, ...)",
+        "--data",
+        default="digits",
+        help=DATA_HELP,
     )
-    p.add_argument("--model-kwargs", default=None, help="JSON keyword arguments for the model constructor")
-    p.add_argument("--state-dict", default=None, help="file saved with torch.save(model.state_dict())")
+    p.add_argument("--split", default=None, choices=("train", "test", "all"), help="default: all")
+    p.add_argument("--limit", type=positive_int, default=None, help="use only the first N examples")
+    p.add_argument("--batch-size", type=positive_int, default=2048)
     p.add_argument(
-        "--data", default="digits", help="digits | digits-image | mnist:DIR | fashion-mnist:DIR | cifar10:DIR"
-    )
-    p.add_argument("--split", default="all", choices=("train", "test", "all"))
-    p.add_argument("--limit", type=int, default=None, help="use only the first N examples")
-    p.add_argument("--batch-size", type=int, default=2048)
-    p.add_argument("--grid", type=int, nargs="+", default=[51], help="points per axis (one value, or NX NY)")
-    p.add_argument("--range", type=float, nargs=2, default=[-1.0, 1.0], metavar=("LO", "HI"))
-    p.add_argument("--yrange", type=float, nargs=2, default=None, metavar=("LO", "HI"))
+        "--grid", type=positive_int, nargs="+", action=OneOrTwo, default=[51], metavar="N",
+        help="points per axis: N, or NX NY",
+    )  # fmt: skip
+    p.add_argument("--range", type=finite_float, nargs=2, default=[-1.0, 1.0], metavar=("LO", "HI"))
+    p.add_argument("--yrange", type=finite_float, nargs=2, default=None, metavar=("LO", "HI"))
     p.add_argument("--dims", type=int, choices=(1, 2), default=2)
     p.add_argument("--normalization", default="filter", choices=("filter", "layer", "weight", "model"))
-    p.add_argument("--seed", type=int, default=0, help="seed of direction 1 (direction 2 uses seed+1)")
+    p.add_argument(
+        "--seed", type=nonnegative_int, default=0, help="seed of direction 1 (direction 2 uses seed+1)"
+    )
     p.add_argument("--bn-policy", default=None, choices=_BN_POLICIES)
     p.add_argument("--strategy", default="auto", choices=_STRATEGIES)
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the model's)")
-    p.add_argument("--out", required=True, help="output .npz")
+    p.add_argument("--out", required=True, help="output .npz (also the checkpoint of an interrupted run)")
     p.add_argument("--resume", action="store_true", help="continue a partial --out file")
+    p.add_argument("--force", action="store_true", help="write --out even if another run holds OUT.lock")
     p.add_argument("--plot", default=None, help="also write a matplotlib figure (png/pdf)")
-    p.add_argument("--html", default=None, help="also write a Plotly HTML file")
+    p.add_argument(
+        "--html", default=None, help="also write a Plotly HTML file (plotly.js embedded, works offline)"
+    )
     p.add_argument("--vtk", default=None, help="also write a legacy VTK file for ParaView")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_debug_option(p)
     p.set_defaults(func=_run_cli)

@@ -1,0 +1,331 @@
+"""Shared pieces of the command lines (``python -m landscape ...``, ``python -m toy_problems ...``).
+
+* one place that turns every failure into ONE line ``error: <what> — <how to fix>`` on stderr and
+  an exit status (2 usage, 1 runtime, 130 Ctrl-C, 143 SIGTERM); ``--debug`` adds the traceback
+  (:func:`run_cli`, :class:`CliError`, :class:`Parser`);
+* argument types (:func:`positive_int`, :func:`finite_float`, ...);
+* models and checkpoints (``--model``, ``--model-arg``, ``--state-dict``) are in
+  :mod:`landscape.cli_models`, built on the errors defined here;
+* data (:func:`load_data`), devices and output paths;
+* SIGTERM delivered as ``KeyboardInterrupt`` (:func:`sigterm_raises_interrupt`) and an exclusive
+  lock file next to an output (:func:`output_lock`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DASH = " — "
+
+
+# ------------------------------------------------------------------------------------------ errors
+class CliError(Exception):
+    """A failure the command line reports as ``error: <what> — <fix>`` with exit status ``status``."""
+
+    status = 1
+
+    def __init__(self, what: str, fix: str, status: int | None = None):
+        super().__init__(f"{what}{DASH}{fix}")
+        self.what, self.fix = what, fix
+        if status is not None:
+            self.status = status
+
+
+class UsageError(CliError):
+    """A bad command line (exit status 2)."""
+
+    status = 2
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as a ``KeyboardInterrupt`` so that code saving on Ctrl-C saves on it too."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors raise :class:`UsageError` instead of printing usage."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        fix = f"see `{self.prog} --help`"
+        if DASH in message:
+            message, _, fix = message.partition(DASH)
+        raise UsageError(message, fix)
+
+
+def add_debug_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--debug", action="store_true", help="on error, print the full traceback before the error line"
+    )
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def one_line(text: str, limit: int = 900) -> str:
+    text = " ".join(_ANSI.sub("", str(text)).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe_error(exc: BaseException) -> tuple[int, str]:
+    """``(exit status, "error: what — fix")`` for any exception."""
+    if isinstance(exc, CliError):
+        return exc.status, f"error: {one_line(exc.what)}{DASH}{one_line(exc.fix)}"
+    if isinstance(exc, Terminated):
+        return 143, "error: terminated by SIGTERM" + DASH + "nothing was saved; run the command again"
+    if isinstance(exc, KeyboardInterrupt):
+        return 130, "error: interrupted (Ctrl-C)" + DASH + "nothing was saved; run the command again"
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        what, fix = "out of memory", "use a smaller --batch-size, --limit or grid, or another --device"
+    elif isinstance(exc, OSError) and exc.filename is not None:
+        what = f"{exc.strerror or type(exc).__name__}: {exc.filename}"
+        fix = "check the path and its permissions"
+    elif isinstance(exc, (ValueError, TypeError, OSError)):
+        what, fix = str(exc), "check the arguments against --help; --debug shows the traceback"
+    else:
+        what = f"{type(exc).__name__}: {exc}"
+        fix = "an unexpected failure; run again with --debug and report the traceback"
+    what = one_line(what)
+    return 1, f"error: {what}" if DASH in what else f"error: {what}{DASH}{fix}"
+
+
+def run_cli(body: Callable[[list[str]], int | None], argv: Sequence[str] | None) -> int:
+    """Run ``body(argv)`` with SIGTERM raising :class:`Terminated`; return its exit code.
+
+    Any failure prints one ``error:`` line on stderr (after the traceback under ``--debug``) and
+    raises ``SystemExit`` with the status of :func:`describe_error`, as ``argparse`` does.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    try:
+        with sigterm_raises_interrupt():
+            return int(body(args) or 0)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the one place that reports every failure
+        status, line = describe_error(exc)
+        sys.stdout.flush()
+        if debug and not isinstance(exc, UsageError):
+            if exc.__suppress_context__ and exc.__context__ is not None:  # the cause behind a CliError
+                traceback.print_exception(exc.__context__, file=sys.stderr)
+            traceback.print_exception(exc, file=sys.stderr)
+        print(line, file=sys.stderr, flush=True)
+        raise SystemExit(status) from None
+
+
+def note(text: str) -> None:
+    """An informational line (stdout, so that stderr holds only progress bars and errors)."""
+    print(f"note: {text}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------ signals
+@contextlib.contextmanager
+def sigterm_raises_interrupt() -> Iterator[None]:
+    """While active (main thread only), the first SIGTERM raises :class:`Terminated`; later ones are
+    ignored so that the save triggered by the first one is not cut short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = False
+
+    def handler(signum: int, frame: Any) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise Terminated("SIGTERM")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
+
+
+# ------------------------------------------------------------------------------------- lock files
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike, *, force: bool = False) -> Iterator[Path]:
+    """Hold ``PATH.lock`` (created with ``O_CREAT | O_EXCL``, holding ``"PID HOST"``) while writing
+    ``path``; removed on exit. A lock of a dead process on this host is taken over; a live one is
+    refused unless ``force``."""
+    lock = Path(f"{os.fspath(path)}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    token = f"{os.getpid()} {socket.gethostname()}\n"
+    for _ in range(5):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                text = lock.read_text()
+                age = time.time() - lock.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            pid_s, _, host = text.strip().partition(" ")
+            here = host == socket.gethostname()
+            stale = (here and pid_s.isdigit() and not _pid_alive(int(pid_s))) or (
+                not pid_s.isdigit() and age > 5.0
+            )
+            if not (stale or force):
+                who = f"PID {pid_s} on {host}" if pid_s.isdigit() else "another process"
+                raise CliError(
+                    f"{path} is being written by another run ({who}; lock file {lock})",
+                    "wait for that run to finish, or pass --force if it is gone",
+                ) from None
+            with contextlib.suppress(FileNotFoundError):
+                if lock.read_text() == text:
+                    lock.unlink()
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token)
+        break
+    else:
+        raise CliError(f"cannot create the lock file {lock}", "remove it by hand if no run is writing")
+    try:
+        yield lock
+    finally:
+        with contextlib.suppress(OSError):
+            if lock.read_text() == token:
+                lock.unlink()
+
+
+# ----------------------------------------------------------------------------------- argument types
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"got {text!r}{DASH}give a whole number >= 1")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}{DASH}give a whole number >= 0") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"got {text!r}{DASH}give a whole number >= 0")
+    return value
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"got {text!r}{DASH}give a finite number such as -1 or 0.5")
+    return value
+
+
+class OneOrTwo(argparse.Action):
+    """``nargs="+"`` limited to one or two values (``--grid N`` or ``--grid NX NY``)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        if not 1 <= len(values) <= 2:
+            raise argparse.ArgumentError(
+                self,
+                f"takes one or two values, got {len(values)} ({' '.join(map(str, values))})"
+                f"{DASH}write {option_string} N or {option_string} NX NY",
+            )
+        setattr(namespace, self.dest, list(values))
+
+
+# -------------------------------------------------------------------------------- data and devices
+DATA_HELP = (
+    "digits[:train|test|all], digits-image, mnist:DIR, fashion-mnist:DIR, cifar10:DIR or cifar100:DIR "
+    "(local files; nothing is downloaded)"
+)
+
+
+def load_data(spec: str, split: str | None, limit: int | None, default_split: str) -> tuple[Any, Any]:
+    """``--data`` (``digits:test`` is a split shorthand), ``--split`` and ``--limit`` -> ``(x, y)``."""
+    from landscape.data import load_dataset
+
+    name, _, rest = spec.partition(":")
+    if name.lower() in ("digits", "digits-image") and rest:
+        if rest not in ("train", "test", "all"):
+            raise UsageError(
+                f"--data {spec}: unknown split {rest!r}", f"write {name}:train, {name}:test or {name}:all"
+            )
+        if split is not None and split != rest:
+            raise UsageError(f"--data {spec} and --split {split} disagree", "give the split once")
+        spec, split = name, rest
+    extra = {"limit": limit} if limit and name.lower() not in ("digits", "digits-image") else {}
+    try:
+        x, y = load_dataset(spec, split or default_split, **extra)
+    except FileNotFoundError as exc:
+        raise CliError(
+            f"--data {spec}: {exc}",
+            "point --data at the directory that holds the files (nothing is downloaded)",
+        ) from None
+    except ValueError as exc:
+        raise CliError(f"--data {spec}: {exc}", "check --data (its forms are listed in --help)") from None
+    if limit:
+        x, y = x[:limit], y[:limit]
+    if len(y) == 0:
+        raise CliError(
+            f"--data {spec} (split {split or default_split}) has no examples", "choose another split"
+        )
+    return x, y
+
+
+def check_device(name: str | None) -> None:
+    """Refuse a device name torch does not parse or a device this machine does not have."""
+    if name is None:
+        return
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UsageError(
+            f"--device {name!r} is not a device name", "use cpu, cuda, cuda:1, mps, ..."
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CliError(f"--device {name}: CUDA is not available on this machine", "use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise CliError(
+                f"--device {name}: only {torch.cuda.device_count()} CUDA device(s)",
+                f"use cuda:0 ... cuda:{torch.cuda.device_count() - 1}",
+            )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise CliError(f"--device {name}: MPS is not available on this machine", "use --device cpu")
+
+
+def check_output(path: str | None, option: str) -> None:
+    """Refuse an output path that is a directory or lies under a file or an unwritable directory."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{option} {path} is a directory", f"give a file name, e.g. {p / 'result'}")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: {parent} is a file, not a directory", "choose another path")
+    if not os.access(parent, os.W_OK):
+        raise CliError(f"{option} {path}: {parent} is not writable", "choose a writable directory")
