@@ -11,8 +11,12 @@ Every optimizer is stepped the same way::
 """
 
 from optimizers.bayes import MFVI, SWAG, AdamTracer, BayesianSAM, FlatSGLD, SGDTracer, f_swag
+from optimizers.bayes.ensembles import DeepEnsemble, train_ensemble
+from optimizers.bayes.flat_sgvb import FlatSGVB
 from optimizers.bayes.ivon import IVON
 from optimizers.bayes.laplace import DiagLaplace, LastLayerLaplace
+from optimizers.bayes.mc_dropout import mc_dropout_predict
+from optimizers.bayes.sgvb import convert_to_bayesian
 from optimizers.bayes.vogn import VOGN
 from optimizers.perturbation import bn_update_disabled, make_closure
 from optimizers.posterior import DiagonalGaussianPosterior, bayesian_model_average
@@ -37,4 +41,5 @@ __all__ = [
     "f_swag",
     "make_closure",
 ]
+__all__ += ["DeepEnsemble", "FlatSGVB", "convert_to_bayesian", "mc_dropout_predict", "train_ensemble"]
 __all__ += ["IVON", "VOGN", "DiagLaplace", "LastLayerLaplace"]
