@@ -120,9 +120,13 @@ class SharpnessReport(Result):
         return json.dumps(to_jsonable(d), indent=2)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SharpnessReport:
-        rows = [SharpnessResult.from_dict(r) for r in d.get("rows", [])]
-        return cls(config=d.get("config", {}), seconds=d.get("seconds", 0.0), rows=rows)
+    def _from_fields(cls, kwargs: dict[str, Any]) -> SharpnessReport:
+        """Rows come back as :class:`SharpnessResult` objects, each checked like any result."""
+        rows = [
+            r if isinstance(r, SharpnessResult) else SharpnessResult.from_dict(r)
+            for r in kwargs.get("rows", [])
+        ]
+        return cls(**{**kwargs, "rows": rows})
 
 
 MeasureSpec = str | tuple[str, dict[str, Any]]

@@ -55,9 +55,9 @@ from landscape.surface.evaluators import (
     loss_fingerprint,
     model_hash,
 )
+from landscape.surface.result import KNOWN_METRICS as _METRICS
 from landscape.surface.result import Surface, load_surface
 
-_METRICS = ("loss", "accuracy")
 _STRATEGIES = ("auto", "loop", "vmap", "linear_first_layer")
 _BN_POLICIES = ("eval", "train", "recompute")
 
