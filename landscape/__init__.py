@@ -13,7 +13,7 @@ Public API::
 
 import sys as _sys
 
-from landscape import data, models
+from landscape import data, metrics, models
 from landscape.curvature import (
     CurvatureOperator,
     DensityResult,
@@ -58,6 +58,7 @@ __all__ = [
     "hvp",
     "load_result",
     "load_surface",
+    "metrics",
     "models",
     "power_iteration",
     "sharpness",
