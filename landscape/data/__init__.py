@@ -1,33 +1,57 @@
-"""Data sets and batching.
+"""Data sets, transforms, label noise and batching.
 
-* ``datasets``: scikit-learn digits (embedded), MNIST / Fashion-MNIST (IDX files) and CIFAR-10
-  (python pickles, read by a restricted unpickler) from a local directory; :func:`load_dataset`
-  parses the ``digits`` / ``mnist:DIR`` / ... specs of the command lines;
+* ``datasets``: scikit-learn digits (embedded), MNIST / Fashion-MNIST (IDX files), CIFAR-10 /
+  CIFAR-100 (python pickles, read by a restricted unpickler), CIFAR-10-C (``.npy``) and SVHN
+  (``.mat``) from a local directory (``root=`` or ``$SHARPSCAPE_DATA``); :func:`load_dataset`
+  parses the ``digits`` / ``mnist:DIR`` / ``cifar10c:DIR:gaussian_noise:3`` ... specs of the
+  command lines;
 * ``batching``: fixed-size batches, DataLoaders and iteration over any accepted data form.
 """
 
 from landscape.data.batching import batches, iterate, make_loader
 from landscape.data.datasets import (
+    CHANNEL_STATS,
     CIFAR10_FILES,
+    CIFAR10C_ALL_CORRUPTIONS,
+    CIFAR10C_CORRUPTIONS,
+    CIFAR10C_EXTRA_CORRUPTIONS,
+    CIFAR100_FILES,
+    DATA_ENV,
+    DATA_SPECS,
     MNIST_FILES,
+    SVHN_FILES,
     load_cifar10,
+    load_cifar10c,
+    load_cifar100,
     load_dataset,
     load_digits,
     load_fashion_mnist,
     load_mnist,
+    load_svhn,
     read_idx,
 )
 
 __all__ = [
+    "CHANNEL_STATS",
+    "CIFAR100_FILES",
+    "CIFAR10C_ALL_CORRUPTIONS",
+    "CIFAR10C_CORRUPTIONS",
+    "CIFAR10C_EXTRA_CORRUPTIONS",
     "CIFAR10_FILES",
+    "DATA_ENV",
+    "DATA_SPECS",
     "MNIST_FILES",
+    "SVHN_FILES",
     "batches",
     "iterate",
     "load_cifar10",
+    "load_cifar100",
+    "load_cifar10c",
     "load_dataset",
     "load_digits",
     "load_fashion_mnist",
     "load_mnist",
+    "load_svhn",
     "make_loader",
     "read_idx",
 ]

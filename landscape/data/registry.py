@@ -1,0 +1,91 @@
+"""Short data specs (the command lines' ``--data``) -> ``(inputs, targets)``: :func:`load_dataset`.
+
+=====================================  ============================================================
+spec                                   data
+=====================================  ============================================================
+``digits`` / ``digits-image``          scikit-learn 8x8 digits, ``[N, 64]`` / ``[N, 1, 8, 8]``
+``mnist[:DIR]``                        MNIST IDX files
+``fashion-mnist[:DIR]``                Fashion-MNIST IDX files
+``cifar10[:DIR]``                      CIFAR-10 python pickles
+``cifar100[:DIR]``                     CIFAR-100 python pickles (fine labels)
+``cifar100-coarse[:DIR]``              CIFAR-100, the 20 coarse labels
+``cifar10c:[DIR:]CORRUPTION:SEVERITY``  CIFAR-10-C, e.g. ``cifar10c:/data:gaussian_noise:3``
+``svhn[:DIR]``                         SVHN ``.mat`` files (labels 0..9)
+=====================================  ============================================================
+
+``DIR`` may be left out when the ``SHARPSCAPE_DATA`` environment variable names the data
+directory.
+"""
+
+from __future__ import annotations
+
+from landscape.data.cifar import load_cifar10, load_cifar100
+from landscape.data.cifar10c import load_cifar10c
+from landscape.data.common import Batch
+from landscape.data.digits import load_digits
+from landscape.data.mnist import load_fashion_mnist, load_mnist
+from landscape.data.svhn import load_svhn
+
+DATA_SPECS = (
+    "digits", "digits-image", "mnist[:DIR]", "fashion-mnist[:DIR]", "cifar10[:DIR]",
+    "cifar100[:DIR]", "cifar100-coarse[:DIR]", "cifar10c:[DIR:]CORRUPTION:SEVERITY", "svhn[:DIR]",
+)  # fmt: skip
+
+_ALIASES = {
+    "fashionmnist": "fashion-mnist",
+    "cifar-10": "cifar10",
+    "cifar-100": "cifar100",
+    "cifar-100-coarse": "cifar100-coarse",
+    "cifar-10-c": "cifar10c",
+}
+
+
+def _cifar10c(spec: str, rest: str, split: str, kwargs: dict) -> Batch:
+    parts = rest.rsplit(":", 2) if rest else []
+    if len(parts) < 2:
+        raise ValueError(
+            f"data spec {spec!r}: write cifar10c:DIR:CORRUPTION:SEVERITY (or "
+            "cifar10c:CORRUPTION:SEVERITY with SHARPSCAPE_DATA set), e.g. cifar10c:/data:gaussian_noise:3"
+        )
+    where = parts[0] if len(parts) == 3 else None
+    corruption, severity = parts[-2], parts[-1]
+    try:
+        level = int(severity)
+    except ValueError:
+        raise ValueError(f"data spec {spec!r}: severity {severity!r} is not an int in 1..5") from None
+    if split not in ("test", "all"):
+        raise ValueError(
+            f"data spec {spec!r}: CIFAR-10-C holds only corrupted test images, there is no "
+            f"{split!r} split; use split 'test'"
+        )
+    return load_cifar10c(where or None, corruption, level, **kwargs)
+
+
+def load_dataset(spec: str, split: str = "train", **kwargs) -> Batch:
+    """Load a data set from a short spec (table above); ``kwargs`` go to the loader
+    (``dtype``, ``normalize``, ``limit``, ...)."""
+    if not isinstance(spec, str):
+        raise TypeError(
+            f"data spec must be a string such as 'digits' or 'mnist:DIR', got {type(spec).__name__}"
+        )
+    name, _, rest = spec.partition(":")
+    name = name.lower().replace("_", "-")
+    name = _ALIASES.get(name, name)
+    where = rest or None
+    if name in ("digits", "digits-image"):
+        return load_digits(split, image=name == "digits-image", **kwargs)
+    if name == "mnist":
+        return load_mnist(where, split, **kwargs)
+    if name == "fashion-mnist":
+        return load_fashion_mnist(where, split, **kwargs)
+    if name == "cifar10":
+        return load_cifar10(where, split, **kwargs)
+    if name == "cifar100":
+        return load_cifar100(where, split, **kwargs)
+    if name == "cifar100-coarse":
+        return load_cifar100(where, split, "coarse", **kwargs)
+    if name == "cifar10c":
+        return _cifar10c(spec, rest, split, kwargs)
+    if name == "svhn":
+        return load_svhn(where, split, **kwargs)
+    raise ValueError(f"unknown data spec {spec!r}: use one of {', '.join(DATA_SPECS)}")
