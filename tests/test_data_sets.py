@@ -27,6 +27,14 @@ from landscape.data import (
     load_mnist,
     load_svhn,
 )
+from landscape.data.transforms import (
+    RandomCropFlip,
+    black_fill,
+    channel_stats,
+    normalize,
+    random_crop,
+    random_hflip,
+)
 
 C10_MEAN = np.array([0.4914, 0.4822, 0.4465]).reshape(1, 3, 1, 1)
 C10_STD = np.array([0.2470, 0.2435, 0.2616]).reshape(1, 3, 1, 1)
@@ -267,3 +275,103 @@ def test_normalize_forms_and_unknown_specs(tmp_path):
         load_svhn(tmp_path, "test", normalize=((0, 0, 0), (1, 0, 1)))
     with pytest.raises(ValueError, match="unknown data spec 'imagenet:/x'.*svhn"):
         load_dataset("imagenet:/x")
+
+
+# ---------------------------------------------------------------------------------------- transforms
+
+
+def test_random_crop_is_a_window_of_the_padded_image():
+    x = torch.randn(64, 3, 8, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    out, off = random_crop(x, 2, generator=7, return_offsets=True)
+    padded = np.pad(x.numpy(), ((0, 0), (0, 0), (2, 2), (2, 2)))  # zeros, numpy reference
+    for i, (dy, dx) in enumerate(off.tolist()):
+        np.testing.assert_array_equal(out[i].numpy(), padded[i, :, dy : dy + 8, dx : dx + 6])
+    assert off.min() >= 0 and off.max() <= 4 and len({tuple(o) for o in off.tolist()}) > 10
+    # per-channel fill: torchvision's black padding on standardised inputs
+    fill = black_fill("cifar10")
+    np.testing.assert_allclose(fill, [-0.4914 / 0.2470, -0.4822 / 0.2435, -0.4465 / 0.2616], rtol=1e-15)
+    out2, off2 = random_crop(x, 2, generator=7, fill=fill, return_offsets=True)
+    assert torch.equal(off2, off)
+    padded2 = np.stack([np.pad(x[:, c].numpy(), ((0, 0), (2, 2), (2, 2)), constant_values=fill[c])
+                        for c in range(3)], axis=1)  # fmt: skip
+    for i, (dy, dx) in enumerate(off.tolist()):
+        np.testing.assert_array_equal(out2[i].numpy(), padded2[i, :, dy : dy + 8, dx : dx + 6])
+    assert torch.equal(random_crop(x, 0, generator=1), x)
+
+
+def test_random_flip_probability_and_seed_reproducibility():
+    n = 10_000
+    x = torch.randn(n, 1, 2, 3, generator=torch.Generator().manual_seed(1))
+    out, mask = random_hflip(x, 0.5, generator=3, return_mask=True)
+    assert torch.equal(out[mask], x[mask].flip(-1)) and torch.equal(out[~mask], x[~mask])
+    # Binomial(10000, 1/2): standard deviation of the fraction 0.005; 4 sigma = 0.02
+    assert abs(mask.double().mean().item() - 0.5) < 0.02
+    mask_3 = random_hflip(x, 0.3, generator=4, return_mask=True)[1]
+    assert abs(mask_3.double().mean().item() - 0.3) < 4 * (0.3 * 0.7 / n) ** 0.5
+    a, b = RandomCropFlip(seed=5), RandomCropFlip(seed=5)
+    imgs = torch.randn(16, 3, 8, 8)
+    first = a(imgs)
+    assert torch.equal(first, b(imgs)) and not torch.equal(a(imgs), first)  # a stream, reproducible
+    assert not torch.equal(RandomCropFlip(seed=6)(imgs), first)
+    c = RandomCropFlip(seed=5)
+    state = c.state()
+    c(imgs)
+    c.load_state(state)
+    assert torch.equal(c(imgs), first)
+    # the composite is crop then flip from one generator
+    g = torch.Generator().manual_seed(5)
+    ref = random_hflip(random_crop(imgs, 4, generator=g), 0.5, generator=g)
+    assert torch.equal(ref, first)
+    assert a.config == {
+        "transform": "random_crop_flip",
+        "padding": 4,
+        "flip_prob": 0.5,
+        "seed": 5,
+        "fill": 0.0,
+    }
+
+
+def test_normalisation_constants_and_computed_statistics():
+    x = torch.rand(20, 3, 4, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 2 + 1
+    mean, std = channel_stats(x)
+    arr = x.numpy()
+    np.testing.assert_allclose(mean, arr.mean(axis=(0, 2, 3)), rtol=1e-14)
+    np.testing.assert_allclose(std, arr.std(axis=(0, 2, 3)), rtol=1e-14)
+    z = normalize(x, mean, std)
+    np.testing.assert_allclose(z.numpy().mean(axis=(0, 2, 3)), 0, atol=1e-14)
+    np.testing.assert_allclose(z.numpy().std(axis=(0, 2, 3)), 1, rtol=1e-13)
+    zc = normalize(x, "cifar10")
+    np.testing.assert_allclose(zc.numpy(), (arr - C10_MEAN) / C10_STD, rtol=1e-14)
+    with pytest.raises(ValueError, match="unknown statistics 'imagenet'"):
+        normalize(x, "imagenet")
+    with pytest.raises(ValueError, match=r"expected a floating tensor of images \[N, C, H, W\]"):
+        random_crop(torch.zeros(3, 8, 8), 4)
+    with pytest.raises(ValueError, match="padding must be a non-negative int"):
+        random_crop(x, -1)
+    with pytest.raises(ValueError, match=r"flip probability p must lie in \[0, 1\]"):
+        random_hflip(x, 1.5)
+    with pytest.raises(ValueError, match="fill has 2 values for images with 3 channels"):
+        random_crop(x, 1, fill=(0.0, 1.0))
+
+
+def test_train_applies_the_transform_once_per_step():
+    from landscape.models import MLP, train
+
+    x, y = torch.randn(6, 1, 2, 2, dtype=torch.float64), torch.tensor([0, 1, 0, 1, 1, 0])
+    m = MLP([4, 2]).double()
+    w0 = [p.detach().clone() for p in m.parameters()]
+    seen = []
+
+    def aug(batch):
+        seen.append(batch.clone())
+        return batch.flip(-1)
+
+    train(m, (x, y), lambda p: torch.optim.SGD(p, lr=0.5), epochs=1, transform=aug)
+    assert len(seen) == 1 and torch.equal(seen[0], x)
+    # hand step on the flipped inputs: w - lr * grad CE(W flat(x') + b)
+    w = w0[0].clone().requires_grad_(True)
+    b = w0[1].clone().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(x.flip(-1).reshape(6, 4) @ w.T + b, y)
+    gw, gb = torch.autograd.grad(loss, (w, b))
+    torch.testing.assert_close(m[1].weight.detach(), w0[0] - 0.5 * gw, rtol=1e-14, atol=1e-15)
+    torch.testing.assert_close(m[1].bias.detach(), w0[1] - 0.5 * gb, rtol=1e-14, atol=1e-15)

@@ -5,6 +5,8 @@
   (``.mat``) from a local directory (``root=`` or ``$SHARPSCAPE_DATA``); :func:`load_dataset`
   parses the ``digits`` / ``mnist:DIR`` / ``cifar10c:DIR:gaussian_noise:3`` ... specs of the
   command lines;
+* ``transforms``: random crop with padding + horizontal flip on batched tensors (seeded
+  ``torch.Generator``), per-channel normalisation (published or computed statistics);
 * ``batching``: fixed-size batches, DataLoaders and iteration over any accepted data form.
 """
 
@@ -30,6 +32,15 @@ from landscape.data.datasets import (
     load_svhn,
     read_idx,
 )
+from landscape.data.transforms import (
+    RandomCropFlip,
+    black_fill,
+    channel_stats,
+    normalize,
+    random_crop,
+    random_crop_flip,
+    random_hflip,
+)
 
 __all__ = [
     "CHANNEL_STATS",
@@ -41,8 +52,11 @@ __all__ = [
     "DATA_ENV",
     "DATA_SPECS",
     "MNIST_FILES",
+    "RandomCropFlip",
     "SVHN_FILES",
     "batches",
+    "black_fill",
+    "channel_stats",
     "iterate",
     "load_cifar10",
     "load_cifar100",
@@ -53,5 +67,9 @@ __all__ = [
     "load_mnist",
     "load_svhn",
     "make_loader",
+    "normalize",
+    "random_crop",
+    "random_crop_flip",
+    "random_hflip",
     "read_idx",
 ]

@@ -36,6 +36,7 @@ def train(
     seed: int = 0,
     progress: bool = False,
     device: str | torch.device | None = None,
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, list[float]]:
     """Train ``model`` in place with any optimizer of the suite through a closure.
 
@@ -53,6 +54,9 @@ def train(
         callback: ``callback(step, model, loss)`` after every step (e.g. a
             :class:`landscape.surface.trajectory.TrajectoryRecorder`); ``step`` counts from 1.
         device: move the batches there (the model is expected to live there already).
+        transform: applied to each batch's inputs once per step, before the closure (e.g.
+            :class:`landscape.data.transforms.RandomCropFlip`), so every closure evaluation of a
+            step (SAM's two passes) sees the same augmented batch.
 
     Returns:
         ``{"loss": per-step losses, "epoch_loss": mean loss per epoch}``. The model's train/eval
@@ -87,6 +91,8 @@ def train(
             for x, y in _as_batches(data, batch_size, gen):
                 if device is not None:
                     x, y = x.to(device), y.to(device)
+                if transform is not None:
+                    x = transform(x)
 
                 def closure(x=x, y=y):
                     opt.zero_grad()
