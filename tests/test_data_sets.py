@@ -27,6 +27,12 @@ from landscape.data import (
     load_mnist,
     load_svhn,
 )
+from landscape.data.label_noise import (
+    CIFAR10_CLASSES,
+    NoisyLabels,
+    asymmetric_label_noise,
+    symmetric_label_noise,
+)
 from landscape.data.transforms import (
     RandomCropFlip,
     black_fill,
@@ -375,3 +381,96 @@ def test_train_applies_the_transform_once_per_step():
     gw, gb = torch.autograd.grad(loss, (w, b))
     torch.testing.assert_close(m[1].weight.detach(), w0[0] - 0.5 * gw, rtol=1e-14, atol=1e-15)
     torch.testing.assert_close(m[1].bias.detach(), w0[1] - 0.5 * gb, rtol=1e-14, atol=1e-15)
+
+
+# --------------------------------------------------------------------------------------- label noise
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.2, 0.4, 0.5, 0.8, 1.0])
+def test_symmetric_noise_flips_exactly_round_r_n_labels_to_other_classes(rate):
+    clean = torch.as_tensor(np.random.default_rng(0).integers(0, 10, size=1003))
+    out = symmetric_label_noise(clean, rate, 10, seed=1)
+    k = int(np.floor(rate * 1003 + 0.5))
+    assert int(out.flipped.sum()) == k and out.realised_rate == pytest.approx(k / 1003, abs=0)
+    assert bool((out.labels[out.flipped] != clean[out.flipped]).all())
+    assert torch.equal(out.labels[~out.flipped], clean[~out.flipped]) and torch.equal(out.clean, clean)
+    assert int(out.labels.min()) >= 0 and int(out.labels.max()) <= 9 and out.labels.dtype == torch.int64
+    assert out.config == {"noise": "symmetric", "rate": rate, "num_classes": 10, "seed": 1,
+                          "exact": True, "target": "other"}  # fmt: skip
+
+
+def test_symmetric_noise_is_uniform_over_the_other_classes_and_seeded():
+    n, c = 30_000, 4
+    clean = torch.as_tensor(np.random.default_rng(1).integers(0, c, size=n))
+    out = symmetric_label_noise(clean, 1.0, c, seed=2)
+    shift = ((out.labels - clean) % c).numpy()
+    counts = np.bincount(shift, minlength=c)
+    assert counts[0] == 0  # never the true class
+    # each of the 3 other classes with probability 1/3: binomial sd sqrt(n * 1/3 * 2/3) ~ 82
+    np.testing.assert_allclose(counts[1:], n / 3, atol=4 * np.sqrt(n * 2 / 9))
+    again = symmetric_label_noise(clean, 1.0, c, seed=2)
+    assert torch.equal(again.labels, out.labels)
+    assert not torch.equal(symmetric_label_noise(clean, 0.5, c, seed=3).flipped,
+                           symmetric_label_noise(clean, 0.5, c, seed=4).flipped)  # fmt: skip
+    # "any" convention: redrawn among all C classes, so a fraction (C-1)/C of the chosen ones change
+    two = torch.zeros(n, dtype=torch.int64)
+    anyc = symmetric_label_noise(two, 1.0, 2, seed=5, target="any")
+    assert abs(anyc.realised_rate - 0.5) < 4 * np.sqrt(0.25 / n)
+    bern = symmetric_label_noise(clean, 0.3, c, seed=6, exact=False)
+    assert abs(bern.realised_rate - 0.3) < 4 * np.sqrt(0.21 / n)
+
+
+def test_asymmetric_cifar10_pairs_exact_per_class():
+    clean = torch.arange(10).repeat_interleave(50)[
+        torch.randperm(500, generator=torch.Generator().manual_seed(0))
+    ]
+    out = asymmetric_label_noise(clean, 0.4, "cifar10", seed=3)
+    names = dict(enumerate(CIFAR10_CLASSES))
+    expected = {
+        ("truck", "automobile"),
+        ("bird", "airplane"),
+        ("deer", "horse"),
+        ("cat", "dog"),
+        ("dog", "cat"),
+    }
+    moved = {(names[int(a)], names[int(b)]) for a, b in zip(clean[out.flipped], out.labels[out.flipped])}
+    assert moved == expected
+    for src in (9, 2, 4, 3, 5):  # exactly round(0.4 * 50) = 20 of each source class
+        assert int(((clean == src) & out.flipped).sum()) == 20
+    assert not bool(
+        out.flipped[(clean == 0) | (clean == 1) | (clean == 6) | (clean == 7) | (clean == 8)].any()
+    )
+    assert out.realised_rate == 100 / 500
+    generic = asymmetric_label_noise(torch.tensor([0, 0, 0, 0, 1, 2]), 0.5, {0: 2}, num_classes=3, seed=0)
+    assert generic.labels.tolist().count(2) == 3 and int(generic.flipped.sum()) == 2
+    stored = asymmetric_label_noise(clean, 0.4, out.config["mapping"], num_classes=10, seed=3)
+    assert torch.equal(stored.labels, out.labels)
+
+
+def test_noisy_labels_save_and_load(tmp_path):
+    from landscape.results import load_result
+
+    out = symmetric_label_noise(torch.tensor([0, 1, 2, 3, 4, 0, 1, 2]), 0.5, 5, seed=9)
+    out.save(tmp_path / "noise.json")
+    back = load_result(tmp_path / "noise.json")
+    assert isinstance(back, NoisyLabels) and back.config == out.config
+    assert torch.equal(back.labels, out.labels) and torch.equal(back.flipped, out.flipped)
+    assert back.flipped.dtype == torch.bool and torch.equal(back.clean, out.clean)
+
+
+def test_label_noise_bad_arguments():
+    y = torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match=r"noise rate must be a number in \[0, 1\]"):
+        symmetric_label_noise(y, 1.5, 3)
+    with pytest.raises(ValueError, match="label 2 outside the 2 classes 0..1"):
+        symmetric_label_noise(y, 0.5, 2)
+    with pytest.raises(TypeError, match="labels must be a 1-D integer tensor"):
+        symmetric_label_noise(y.double(), 0.5, 3)
+    with pytest.raises(ValueError, match="target must be 'other'"):
+        symmetric_label_noise(y, 0.5, 3, target="same")
+    with pytest.raises(ValueError, match="mapping 1 -> 1: source and target must be different"):
+        asymmetric_label_noise(y, 0.5, {1: 1}, num_classes=3)
+    with pytest.raises(ValueError, match="unknown asymmetric mapping 'cifar100'"):
+        asymmetric_label_noise(y, 0.5, "cifar100")
+    with pytest.raises(ValueError, match="flipped must mark exactly"):
+        NoisyLabels(labels=[0, 1], clean=[0, 0], flipped=[False, False])

@@ -7,6 +7,8 @@
   command lines;
 * ``transforms``: random crop with padding + horizontal flip on batched tensors (seeded
   ``torch.Generator``), per-channel normalisation (published or computed statistics);
+* ``label_noise``: seeded symmetric / asymmetric label noise returning the noisy labels and the
+  mask of the flipped ones (:class:`NoisyLabels`, saved like any result);
 * ``batching``: fixed-size batches, DataLoaders and iteration over any accepted data form.
 """
 
@@ -32,6 +34,13 @@ from landscape.data.datasets import (
     load_svhn,
     read_idx,
 )
+from landscape.data.label_noise import (
+    CIFAR10_ASYMMETRIC,
+    CIFAR10_CLASSES,
+    NoisyLabels,
+    asymmetric_label_noise,
+    symmetric_label_noise,
+)
 from landscape.data.transforms import (
     RandomCropFlip,
     black_fill,
@@ -45,6 +54,8 @@ from landscape.data.transforms import (
 __all__ = [
     "CHANNEL_STATS",
     "CIFAR100_FILES",
+    "CIFAR10_ASYMMETRIC",
+    "CIFAR10_CLASSES",
     "CIFAR10C_ALL_CORRUPTIONS",
     "CIFAR10C_CORRUPTIONS",
     "CIFAR10C_EXTRA_CORRUPTIONS",
@@ -52,8 +63,10 @@ __all__ = [
     "DATA_ENV",
     "DATA_SPECS",
     "MNIST_FILES",
+    "NoisyLabels",
     "RandomCropFlip",
     "SVHN_FILES",
+    "asymmetric_label_noise",
     "batches",
     "black_fill",
     "channel_stats",
@@ -72,4 +85,5 @@ __all__ = [
     "random_crop_flip",
     "random_hflip",
     "read_idx",
+    "symmetric_label_noise",
 ]
