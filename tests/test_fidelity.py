@@ -7,6 +7,7 @@ an independent reference: a hand-computed float64 step, a closed form or the doc
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import warnings
 from pathlib import Path
@@ -17,7 +18,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from optimizers import ASAM, BayesianSAM
+from optimizers import ASAM, BayesianSAM, FlatSGLD
+from optimizers.bayes.sgld import official_lr, official_noise_std
 from tests.references import make_classification_data
 
 DT = torch.float64
@@ -150,3 +152,78 @@ def test_bsam_default_prior_precision_is_the_readme_cifar_value():
 
     opt.step(closure)
     torch.testing.assert_close(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), w_ref, **TOL)
+
+
+# ---------------------------------------------------------------------------------------- F-SGLD
+def _flat_grad(model, x, y, w_flat):
+    """Gradient of the mean cross-entropy at the flat parameter vector ``w_flat`` (functional)."""
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for _, p in model.named_parameters()]
+    v = w_flat.detach().clone().requires_grad_(True)
+    params, off = {}, 0
+    for n, shp in zip(names, shapes):
+        k = math.prod(shp)
+        params[n] = v[off : off + k].view(shp)
+        off += k
+    loss = F.cross_entropy(functional_call(model, params, (x,)), y)
+    return torch.autograd.grad(loss, v)[0]
+
+
+def _flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def test_f_sgld_official_schedule_values():
+    # authors' code: lr(e) = min(0.2, 0.2 / (0.1 + e)^0.55); noise(t) = 5e-4 * 38.0348 / (13928.7 + t)^0.9
+    for e in (0, 1, 10):
+        assert official_lr(e) == pytest.approx(min(0.2, 0.2 / (0.1 + e) ** 0.55), rel=1e-14)
+    assert official_lr(0) == 0.2  # capped: 0.2 / 0.1^0.55 = 0.71 > 0.2
+    assert official_lr(1) == pytest.approx(0.18979, abs=1e-5)
+    assert official_lr(10) == pytest.approx(0.05606, abs=1e-5)
+    assert official_noise_std(0) == pytest.approx(5e-4 * 38.0348 / 13928.7**0.9, rel=1e-14)
+    assert official_noise_std(0) == pytest.approx(3.545e-6, rel=1e-3)
+    assert official_noise_std(117_300) == pytest.approx(4.709e-7, rel=1e-3)  # 300 epochs x 391
+    assert official_noise_std(10**7) == pytest.approx(5e-4 * 38.0348 / (13928.7 + 1e7) ** 0.9, rel=1e-14)
+    # the Langevin-correct noise at lr 0.2, N = 50,000 is ~800 times larger
+    assert math.sqrt(2 * 0.2 / 50_000) / official_noise_std(0) == pytest.approx(798, rel=1e-3)
+
+
+def test_f_sgld_official_steps_by_hand():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).to(DT)
+    x, y = make_classification_data(n=20, d=4, seed=4)
+    opt = FlatSGLD(model.parameters(), seed=7)  # every setting at its (official) default
+    assert opt.config["schedule"] == "official" and opt.config["noise"] == "official"
+    assert opt.param_groups[0]["momentum"] == 0.9 and opt.decay == 1e-4 and opt.epoch == 1
+    gen = torch.Generator().manual_seed(7)
+    w, buf, rho, wd = _flat(model), None, 0.05, 1e-4
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    for step, epoch in enumerate((1, 2)):  # one step in epoch 1, one in epoch 2
+        g = _flat_grad(model, x, y, w)
+        d = _flat_grad(model, x, y, w + rho * g / (g.norm() + 1e-12)) + wd * w
+        buf = d if buf is None else 0.9 * buf + d
+        lr = min(0.2, 0.2 / (0.1 + epoch) ** 0.55)
+        z = torch.cat([torch.randn(p.shape, generator=gen, dtype=DT).reshape(-1) for p in model.parameters()])
+        w = w - lr * buf + 5e-4 * 38.0348 / (13928.7 + step) ** 0.9 * z
+        opt.step(closure)
+        torch.testing.assert_close(_flat(model), w, **TOL)
+        assert opt.last["lr"] == pytest.approx(lr, rel=1e-14)
+        opt.on_epoch_end()
+
+    # epochs advance by themselves with steps_per_epoch=
+    auto = FlatSGLD(model.parameters(), steps_per_epoch=2, seed=0)
+    for _ in range(5):
+        auto.step(closure)
+    assert auto.epoch == 3 and auto.param_groups[0]["lr"] == pytest.approx(official_lr(3), rel=1e-14)
+    with pytest.raises(RuntimeError, match="advance automatically"):
+        auto.on_epoch_end()
+    with pytest.raises(ValueError, match="noise='langevin' needs num_data"):
+        FlatSGLD(model.parameters(), noise="langevin")
+    with pytest.raises(ValueError, match="not both"):
+        FlatSGLD(model.parameters(), num_data=10, prior_precision=1.0, weight_decay=1e-4)

@@ -1,13 +1,24 @@
-"""F-SGLD: SGLD (Welling & Teh 2011) whose gradient is SAM's (the flat-seeking BNN paper, Sec. 3-4).
+"""F-SGLD: SGLD (Welling & Teh 2011) whose gradient is SAM's (Nguyen et al. 2023, "Flat seeking
+Bayesian neural networks", Sec. 3-4 and the authors' code).
 
-:class:`FlatSGLD` is SGLD (Welling & Teh 2011) whose gradient is SAM's: with the mean loss ``L``,
-``N = num_data`` and prior precision ``lambda``::
+Two modes, selected by ``schedule`` and ``noise`` (equations and sources in
+``docs/methods/optimizers.md``):
 
-    w <- w - lr * (grad L(w + eps) + lambda w / N) + sqrt(2 lr T / N) z,   z ~ N(0, I)
+* **official** (the default when no ``lr`` is given) -- what the authors' F-SGLD code runs
+  (flat_bnn, ``sgld/train_sgld.py`` and ``sam.py``): SAM-SGD with momentum 0.9 and weight decay,
+  learning rate ``lr(e) = min(0.2, 0.2 / (0.1 + e)^0.55)`` set at the start of epoch ``e``, and
+  after each base step the noise ``5e-4 * 38.0348 / (13928.7 + t)^0.9 * z`` (``t`` the step
+  count, ``z ~ N(0, I)``): about ``3.5e-6`` per coordinate at ``t = 0`` and ``4.7e-7`` after 300
+  CIFAR epochs (``t = 117,300``), independent of the learning rate and of ``N``;
+* **Langevin** (the default when ``lr`` is given) -- the Langevin-correct sampler::
 
-i.e. Langevin dynamics with step ``lr / N`` on the energy ``U = N L + lambda ||w||^2 / 2``
-(noise ``sqrt(2 (lr/N) T)``), whose stationary law is ``exp(-U / T)``: ``T = 1`` is the Bayesian
-posterior, ``T < 1`` a cold posterior.  ``rho = 0`` gives plain SGLD.
+      w <- w - lr * (grad L(w + eps) + lambda w / N) + sqrt(2 lr T / N) z,   z ~ N(0, I)
+
+  i.e. Langevin dynamics with step ``lr / N`` on ``U = N L + lambda ||w||^2 / 2`` whose stationary
+  law is ``exp(-U / T)`` (``T = 1`` the posterior, ``T < 1`` a cold posterior); no momentum.
+
+At ``lr = 0.2`` and ``N = 50,000`` the Langevin noise ``sqrt(2 * 0.2 / 50,000) = 2.8e-3`` is about
+800 times the official one.  ``rho = 0`` gives plain SGLD in either mode.
 """
 
 from __future__ import annotations
@@ -30,31 +41,93 @@ from optimizers.posterior import (
 )
 from optimizers.sam.sam import SAM
 
-__all__ = ["FlatSGLD"]
+__all__ = ["FlatSGLD", "official_lr", "official_noise_std"]
+
+# authors' code (flat_bnn): sgld/train_sgld.py ``schedule`` and sam.py ``SAM.get_noise``
+OFFICIAL_PEAK_LR = 0.2
+OFFICIAL_LR_POWER = 0.55
+OFFICIAL_NOISE = (5e-4, 38.0348, 13928.7, 0.9)  # factor, a, b, power (WideResNet28x10 constants)
+OFFICIAL_MOMENTUM = 0.9  # train_sgld.py --momentum default
+OFFICIAL_WEIGHT_DECAY = 1e-4  # train_sgld.py --wd default
+
+
+def official_lr(epoch: float, peak: float = OFFICIAL_PEAK_LR) -> float:
+    """Learning rate of epoch ``epoch`` in the authors' F-SGLD code: ``peak * min(1, (0.1 + e)^-0.55)``.
+
+    With the default ``peak = 0.2`` this is ``min(0.2, 0.2 / (0.1 + e)^0.55)``: 0.2 at ``e = 0``
+    (capped), 0.18979 at ``e = 1``, 0.05606 at ``e = 10``.
+    """
+    check_nonneg("epoch", epoch)
+    return peak * min(1.0, (0.1 + epoch) ** -OFFICIAL_LR_POWER)
+
+
+def official_noise_std(step: float) -> float:
+    """Per-coordinate noise standard deviation at step ``t`` in the authors' F-SGLD code.
+
+    ``5e-4 * 38.0348 / (13928.7 + t)^0.9``: 3.54e-6 at ``t = 0``, 4.7e-7 at ``t = 117,300``
+    (300 epochs of 391 CIFAR batches).
+    """
+    check_nonneg("step", step)
+    factor, a, b, power = OFFICIAL_NOISE
+    return factor * a / (b + step) ** power
 
 
 class FlatSGLD(SAM):
-    """F-SGLD: SAM gradient + Langevin noise (Nguyen et al. 2023, "Flat seeking Bayesian neural
-    networks"; Welling & Teh 2011).
+    """F-SGLD: SAM gradient + Langevin-type noise (Nguyen et al. 2023; Welling & Teh 2011).
 
-    ``FlatSGLD(params, lr, num_data, rho=0.05, temperature=1.0, prior_precision=1.0,
-    burn_in=0, collect_every=1, max_samples=30, seed=None, generator=None, model=None, m=1)``.
-    Update in the module docstring.  The noise ``z`` is drawn after the SAM/SGD step, parameter by
-    parameter in ``param_groups`` order, only for parameters that received a gradient.  After
-    ``burn_in`` steps, every ``collect_every``-th iterate is stored (at most ``max_samples``, the
-    newest kept) for :meth:`bayesian_model_average`.  ``self.last`` adds ``noise_std`` and
-    ``n_samples`` to SAM's entries.
+    ``FlatSGLD(params, lr=None, num_data=None, rho=0.05, temperature=1.0, prior_precision=None, *,
+    schedule=None, noise=None, momentum=None, weight_decay=None, start_epoch=1,
+    steps_per_epoch=None, burn_in=0, collect_every=1, max_samples=30, seed=None, generator=None,
+    model=None, m=1)``.  The two modes are described in the module docstring.
+
+    Args:
+        lr: ``None`` selects the official schedule with its peak 0.2; a number is the constant
+            step of the Langevin mode (or the peak of ``schedule="official"`` if that is asked
+            for explicitly).
+        num_data: ``N``; needed by ``noise="langevin"`` and by ``prior_precision``.
+        rho: SAM radius, default 0.05 (authors' CIFAR-10 setting; 0.1 for CIFAR-100).
+        temperature: ``T``; multiplies the noise variance in both modes (1 leaves the official
+            noise as it is).
+        prior_precision: ``lambda``, the prior/weight-decay term ``lambda w / N``.  Default: 1.0 in
+            the Langevin mode; in the official mode the weight decay ``1e-4`` of the authors'
+            script (``weight_decay=``, equivalently ``lambda = 1e-4 N``).
+        schedule: ``"official"`` (``lr(e)`` above, updated at each epoch) or ``"constant"``.
+            Default: ``"official"`` without ``lr``, ``"constant"`` with it.
+        noise: ``"official"`` (``official_noise_std(t)``) or ``"langevin"``
+            (``sqrt(2 lr T / N)``).  Default: ``"official"`` with the official schedule,
+            ``"langevin"`` otherwise.
+        momentum: SGD momentum; default 0.9 with the official noise (authors' script), 0 with the
+            Langevin noise (which is calibrated for plain SGD).
+        weight_decay: SGD weight decay, an alternative to ``prior_precision`` (not both).
+        start_epoch: the epoch whose learning rate the first step uses.  Default 1: the authors'
+            loop performs no update in epoch 0, so its first step uses ``lr(1)``.
+        steps_per_epoch: if given, epochs advance automatically; otherwise call
+            :meth:`on_epoch_end` after every epoch.
+        burn_in, collect_every, max_samples: after ``burn_in`` steps every ``collect_every``-th
+            iterate is stored (at most ``max_samples``, newest kept) for
+            :meth:`bayesian_model_average`.  (The authors collect one model per epoch from epoch
+            161 of 300 and keep all.)
+
+    The noise is drawn after the SAM/SGD step, parameter by parameter in ``param_groups`` order,
+    only for parameters that received a gradient.  ``self.last`` adds ``noise_std``, ``lr``,
+    ``epoch`` and ``n_samples`` to SAM's entries; ``self.config`` records the mode.
     """
 
     def __init__(
         self,
         params: Any,
-        lr: float,
-        num_data: int,
-        rho: float = 0.05,  # paper reference setting (CIFAR-10)
+        lr: float | None = None,
+        num_data: int | None = None,
+        rho: float = 0.05,  # authors' CIFAR-10 setting
         temperature: float = 1.0,
-        prior_precision: float = 1.0,
+        prior_precision: float | None = None,
         *,
+        schedule: str | None = None,
+        noise: str | None = None,
+        momentum: float | None = None,
+        weight_decay: float | None = None,
+        start_epoch: int = 1,
+        steps_per_epoch: int | None = None,
         burn_in: int = 0,
         collect_every: int = 1,
         max_samples: int = 30,  # paper: 30 posterior samples
@@ -63,21 +136,56 @@ class FlatSGLD(SAM):
         model: nn.Module | None = None,
         m: int = 1,
     ) -> None:
-        check_num_data(num_data)
+        schedule = schedule if schedule is not None else ("official" if lr is None else "constant")
+        if schedule not in ("official", "constant"):
+            raise ValueError(f"schedule must be 'official' or 'constant', got {schedule!r}")
+        noise = noise if noise is not None else ("official" if schedule == "official" else "langevin")
+        if noise not in ("official", "langevin"):
+            raise ValueError(f"noise must be 'official' or 'langevin', got {noise!r}")
+        if lr is None and schedule == "constant":
+            raise ValueError("schedule='constant' needs lr=; pass a step size (e.g. lr=0.1)")
+        peak = OFFICIAL_PEAK_LR if lr is None else lr
+        check_positive("lr", peak)
+        if num_data is not None:
+            check_num_data(num_data)
         check_nonneg("temperature", temperature)
-        check_nonneg("prior_precision", prior_precision)
-        check_positive("lr", lr)
+        if noise == "langevin" and num_data is None:
+            raise ValueError("noise='langevin' needs num_data= (the noise is sqrt(2 lr T / N))")
+        if prior_precision is not None and weight_decay is not None:
+            raise ValueError("pass prior_precision (lambda, decay lambda/N) or weight_decay, not both")
+        if weight_decay is None and prior_precision is None:
+            if noise == "official":
+                weight_decay = OFFICIAL_WEIGHT_DECAY
+            else:
+                prior_precision = 1.0
+        if prior_precision is not None:
+            check_nonneg("prior_precision", prior_precision)
+            if num_data is None:
+                raise ValueError("prior_precision needs num_data= (the decay is lambda / N)")
+        if weight_decay is not None:
+            check_nonneg("weight_decay", weight_decay)
+        momentum = (OFFICIAL_MOMENTUM if noise == "official" else 0.0) if momentum is None else momentum
+        check_nonneg("momentum", momentum)
         for name, v, lo in (
+            ("start_epoch", start_epoch, 0),
             ("burn_in", burn_in, 0),
             ("collect_every", collect_every, 1),
             ("max_samples", max_samples, 1),
         ):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-        super().__init__(params, torch.optim.SGD, rho, model=model, m=m, lr=lr)
+        if steps_per_epoch is not None:
+            check_positive("steps_per_epoch", steps_per_epoch, integer=True)
+        first_lr = official_lr(start_epoch, peak) if schedule == "official" else peak
+        super().__init__(params, torch.optim.SGD, rho, model=model, m=m, lr=first_lr, momentum=momentum)
+        for g in self.param_groups:  # a group's own lr is its peak under the official schedule
+            g.setdefault("peak_lr", peak if g["lr"] == first_lr else g["lr"])
         self.num_data = num_data
         self.temperature = float(temperature)
-        self.prior_precision = float(prior_precision)
+        self.prior_precision = None if prior_precision is None else float(prior_precision)
+        self.decay = float(weight_decay) if weight_decay is not None else self.prior_precision / num_data
+        self.schedule, self.noise = schedule, noise
+        self.epoch, self.steps_per_epoch = start_epoch, steps_per_epoch
         self.burn_in, self.collect_every = burn_in, collect_every
         first = next((p for g in self.param_groups for p in g["params"]), None)
         self.generator, self.seed = resolve_generator(
@@ -85,29 +193,59 @@ class FlatSGLD(SAM):
         )
         self.samples: deque[list[torch.Tensor]] = deque(maxlen=max_samples)
         self.n_steps = 0
+        self.config = dict(
+            schedule=schedule, noise=noise, peak_lr=peak, momentum=momentum, decay=self.decay,
+            num_data=num_data, rho=rho, temperature=self.temperature, start_epoch=start_epoch,
+            steps_per_epoch=steps_per_epoch, burn_in=burn_in, collect_every=collect_every,
+            max_samples=max_samples, seed=self.seed,
+        )  # fmt: skip
+        self._set_epoch(start_epoch)
 
+    # ---- schedule ---------------------------------------------------------------------------
+    def _set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if self.schedule == "official":
+            for g in self.param_groups:
+                g["lr"] = official_lr(epoch, g.get("peak_lr", self.config["peak_lr"]))
+
+    def on_epoch_end(self) -> None:
+        """Advance to the next epoch (the official schedule sets its learning rate)."""
+        if self.steps_per_epoch is not None:
+            raise RuntimeError(
+                "FlatSGLD was built with steps_per_epoch=, so epochs advance automatically; do not "
+                "also call on_epoch_end()"
+            )
+        self._set_epoch(self.epoch + 1)
+
+    def noise_std(self, group: dict[str, Any]) -> float:
+        """Noise standard deviation of the next step for ``group`` (before the temperature)."""
+        if self.noise == "official":
+            return official_noise_std(self.n_steps)
+        return math.sqrt(2.0 * group["lr"] / self.num_data)
+
+    # ---- the step ---------------------------------------------------------------------------
     def _adjust_descent(self) -> None:
-        if self.prior_precision:
+        if self.decay:
             for g in self.param_groups:
                 for p in g["params"]:
                     if p.grad is not None:
-                        p.grad.add_(p.detach(), alpha=self.prior_precision / self.num_data)
+                        p.grad.add_(p.detach(), alpha=self.decay)
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"rng_state": self.generator.get_state(), "n_steps": self.n_steps}
+        return {"rng_state": self.generator.get_state(), "n_steps": self.n_steps, "epoch": self.epoch}
 
     def _load_extra_state(self, extra: dict[str, Any]) -> None:
         if "rng_state" in extra:
             self.generator.set_state(extra["rng_state"])
         self.n_steps = extra.get("n_steps", 0)
+        self.epoch = extra.get("epoch", self.epoch)
 
     @torch.no_grad()
     def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor:  # type: ignore[override]
+        stds = [self.noise_std(g) * math.sqrt(self.temperature) for g in self.param_groups]
+        lrs = [g["lr"] for g in self.param_groups]
         loss = super().step(closure)
-        stds = []
-        for g in self.param_groups:
-            std = math.sqrt(2.0 * g["lr"] * self.temperature / self.num_data)
-            stds.append(std)
+        for g, std in zip(self.param_groups, stds):
             for p in g["params"]:
                 if p.grad is not None:
                     p.add_(
@@ -118,7 +256,11 @@ class FlatSGLD(SAM):
         if self.n_steps > self.burn_in and (self.n_steps - self.burn_in) % self.collect_every == 0:
             self.samples.append([p.detach().clone() for g in self.param_groups for p in g["params"]])
         self.last["noise_std"] = stds[0] if len(stds) == 1 else stds
+        self.last["lr"] = lrs[0] if len(lrs) == 1 else lrs
+        self.last["epoch"] = self.epoch
         self.last["n_samples"] = len(self.samples)
+        if self.steps_per_epoch is not None and self.n_steps % self.steps_per_epoch == 0:
+            self._set_epoch(self.epoch + 1)
         return loss
 
     def bayesian_model_average(self, model: nn.Module, inputs: Any) -> torch.Tensor:
