@@ -20,7 +20,8 @@ from torch.nn import functional as F
 
 from optimizers import ASAM, BayesianSAM, FlatSGLD
 from optimizers.bayes.sgld import official_lr, official_noise_std
-from tests.references import make_classification_data
+from optimizers.bayes.swag import SWAG, bn_update
+from tests.references import make_classification_data, make_cnn_bn
 
 DT = torch.float64
 TOL = dict(rtol=1e-10, atol=1e-12)
@@ -227,3 +228,112 @@ def test_f_sgld_official_steps_by_hand():
         FlatSGLD(model.parameters(), noise="langevin")
     with pytest.raises(ValueError, match="not both"):
         FlatSGLD(model.parameters(), num_data=10, prior_precision=1.0, weight_decay=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ SWAG
+def _bn_mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5, momentum=0.3), nn.Tanh(), nn.Linear(5, 3)).to(DT)
+    with torch.no_grad():  # stale statistics, far from the data's
+        model[1].running_mean.fill_(3.0)
+        model[1].running_var.fill_(7.0)
+    return model
+
+
+def test_bn_update_gives_the_exact_statistics_of_the_data():
+    model = _bn_mlp()
+    x, _ = make_classification_data(n=20, d=4, seed=6)
+    model.eval()
+    a = model[0](x).detach()  # pre-BatchNorm activations
+    # the whole data as one batch: exact mean and unbiased variance
+    assert bn_update(model, x) == 20
+    bn = model[1]
+    torch.testing.assert_close(bn.running_mean, a.mean(0), **TOL)
+    torch.testing.assert_close(bn.running_var, a.var(0, unbiased=True), **TOL)
+    assert bn.momentum == 0.3 and not model.training and not bn.training and int(bn.num_batches_tracked) == 1
+    # uneven batches (a DataLoader-like list of (x, y)): size-weighted averages of the batch statistics
+    sizes = (8, 8, 4)
+    parts = torch.split(a, sizes)
+    bn_update(model, [(xb, None) for xb in torch.split(x, sizes)])
+    mean_ref = sum(len(p) * p.mean(0) for p in parts) / 20
+    var_ref = sum(len(p) * p.var(0, unbiased=True) for p in parts) / 20
+    torch.testing.assert_close(bn.running_mean, mean_ref, **TOL)
+    torch.testing.assert_close(bn.running_mean, a.mean(0), **TOL)  # = the exact mean
+    torch.testing.assert_close(bn.running_var, var_ref, **TOL)
+    # BatchNorm2d: per-channel statistics over batch and space
+    cnn = make_cnn_bn()
+    xi, _ = make_classification_data(n=10, image=True, seed=2)
+    pre = cnn[0](xi).detach()
+    bn_update(cnn, xi)
+    torch.testing.assert_close(cnn[1].running_mean, pre.mean((0, 2, 3)), **TOL)
+    torch.testing.assert_close(cnn[1].running_var, pre.transpose(0, 1).reshape(3, -1).var(1), **TOL)
+    # no inputs: a clear error and the statistics untouched
+    before = cnn[1].running_mean.clone()
+    with pytest.raises(ValueError, match="bn_data holds no inputs"):
+        bn_update(cnn, [])
+    assert torch.equal(cnn[1].running_mean, before)
+
+
+def test_swag_model_average_recomputes_batchnorm_for_every_sample():
+    model = _bn_mlp(seed=1)
+    x, y = make_classification_data(n=24, d=4, seed=8)
+    xt, _ = make_classification_data(n=7, d=4, seed=9)
+    swag = SWAG(torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9), rank=3, seed=0)
+    for _ in range(6):
+        swag.step(lambda: _ce_closure(swag, model, x, y))
+    params0 = [p.detach().clone() for p in model.parameters()]
+    bufs0 = [b.detach().clone() for b in model.buffers()]
+    probs = swag.bayesian_model_average(
+        model, xt, samples=3, generator=torch.Generator().manual_seed(5), bn_data=x
+    )
+    # reference: each sample written into a copy whose BatchNorm holds the exact data statistics
+    gen = torch.Generator().manual_seed(5)
+    ref = torch.zeros(7, 3, dtype=DT)
+    for _ in range(3):
+        w = swag.sample_weights(gen)
+        net = _bn_mlp(seed=1)
+        torch.nn.utils.vector_to_parameters(w, net.parameters())
+        with torch.no_grad():
+            a = net[0](x)
+            net[1].running_mean.copy_(a.mean(0))
+            net[1].running_var.copy_(a.var(0, unbiased=True))
+            net.eval()
+            ref += torch.softmax(net(xt), -1) / 3
+    torch.testing.assert_close(probs, ref, **TOL)
+    assert all(torch.equal(a, b) for a, b in zip(params0, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(bufs0, model.buffers()))  # statistics restored
+    with pytest.warns(UserWarning, match="no bn_data= was given"):
+        swag.bayesian_model_average(model, xt, samples=1)
+
+
+def _ce_closure(opt, model, x, y):
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return loss
+
+
+def test_swag_collects_once_per_epoch_after_start_epoch():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3)).to(DT)
+    x, y = make_classification_data(n=12, d=4, seed=1)
+    swag = SWAG(
+        torch.optim.SGD(model.parameters(), lr=0.3), rank=2, collect="epoch", start_epoch=3, collect_every=2
+    )
+    snaps, collected_at = [], []
+    for epoch in range(1, 10):
+        for _ in range(2):
+            swag.step(lambda: _ce_closure(swag, model, x, y))
+        if swag.on_epoch_end():
+            collected_at.append(epoch)
+            snaps.append(_flat(model))
+    assert collected_at == [5, 7, 9] and swag.n_collected == 3 and swag.n_steps == 18
+    torch.testing.assert_close(swag.mean, torch.stack(snaps).mean(0), **TOL)
+    # the official default: after epoch 161 is not yet collected, after epoch 162 it is
+    official = SWAG(torch.optim.SGD(model.parameters(), lr=0.1), collect="epoch")
+    assert (official.start_epoch, official.rank, official.collect_every) == (161, 20, 1)
+    for _ in range(161):
+        assert not official.on_epoch_end()
+    assert official.on_epoch_end() and official.n_collected == 1
+    with pytest.raises(ValueError, match="give start_epoch=, not start_step="):
+        SWAG(torch.optim.SGD(model.parameters(), lr=0.1), collect="epoch", start_step=5)

@@ -1,30 +1,37 @@
 """SWAG and F-SWAG (Maddox et al. 2019; the flat-seeking BNN paper, Sec. 3-4).
 
 :class:`SWAG` wraps *any* optimizer (plain SGD gives SWAG, :class:`optimizers.SAM` gives
-F-SWAG) and collects, every ``collect_every`` steps after ``start_step``, the running mean
-``theta_bar``, the running second moment ``theta2_bar`` (diagonal) and the last ``rank``
-deviations ``theta_i - theta_bar_i`` (Maddox et al. 2019, "A simple baseline for Bayesian
-uncertainty in deep learning", Alg. 1).  Sampling (Maddox et al. eq. 1 and Sec. 4.2):
+F-SWAG) and collects the running mean ``theta_bar``, the running second moment ``theta2_bar``
+(diagonal) and the last ``rank`` deviations ``theta_i - theta_bar_i`` (Maddox et al. 2019, "A simple
+baseline for Bayesian uncertainty in deep learning", Alg. 1), either every ``collect_every``
+steps after ``start_step`` (``collect="step"``) or once per epoch after ``start_epoch`` epochs
+(``collect="epoch"``, the paper's and the authors' code's rule: from epoch 161 of 300, rank 20).
+Sampling (Maddox et al. eq. 1 and Sec. 4.2)::
 
     SWAG-Diag:  theta = theta_bar + scale * Sigma_diag^{1/2} z
     SWAG:       theta = theta_bar + scale * (Sigma_diag^{1/2} z1 / sqrt(2) + D z2 / sqrt(2 (K - 1)))
 
 with ``Sigma_diag = max(theta2_bar - theta_bar^2, var_clamp)`` and ``D`` the ``p x K`` deviation
-matrix.  :func:`f_swag` builds ``SWAG(SAM(...))`` (reference settings: ``rho = 0.05`` CIFAR-10,
-rank 20, 30 posterior samples).
+matrix.  For a network with BatchNorm every sampled model needs its own running statistics:
+:func:`bn_update` recomputes them on training data, as the authors' code does for every sample
+(``bn_data=`` of :meth:`SWAG.bayesian_model_average`).  :func:`f_swag` builds ``SWAG(SAM(...))``
+(reference settings: ``rho = 0.05`` CIFAR-10, rank 20, 30 posterior samples).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
+from optimizers.perturbation import bn_restore, bn_snapshot
 from optimizers.posterior import (
     _ensemble_average,
     _weights_set_to,
@@ -35,46 +42,155 @@ from optimizers.posterior import (
 from optimizers.sam.sam import SAM
 from optimizers.state import check_state_dict, tag_state_dict
 
-__all__ = ["SWAG", "f_swag"]
+__all__ = ["SWAG", "bn_update", "f_swag", "has_batchnorm"]
+
+
+def _bn_layers(model: nn.Module) -> list[_BatchNorm]:
+    return [m for m in model.modules() if isinstance(m, _BatchNorm) and m.running_mean is not None]
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    """Whether ``model`` has a BatchNorm layer that tracks running statistics."""
+    return bool(_bn_layers(model))
+
+
+def _batches(data: Any) -> Iterator[Any]:
+    """Inputs of each batch: ``data`` is a tensor (one batch) or an iterable of tensors / tuples."""
+    if isinstance(data, torch.Tensor):
+        yield data
+        return
+    if not isinstance(data, Iterable):
+        raise TypeError(
+            f"bn_data must be a tensor of inputs or an iterable of batches (a DataLoader), got "
+            f"{type(data).__name__}"
+        )
+    for batch in data:
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"each batch must be a tensor or a tuple (inputs, ...), got {type(x).__name__}")
+        yield x
+
+
+@torch.no_grad()
+def bn_update(model: nn.Module, data: Any, progress: bool = False) -> int:
+    """Recompute the BatchNorm running statistics of ``model`` on ``data`` (Maddox et al. 2019).
+
+    The statistics are reset (mean 0, variance 1, batch count 0) and ``data`` is run through the
+    model in train mode with the momentum of every BatchNorm layer set to ``b / (n + b)`` for a
+    batch of ``b`` inputs after ``n`` earlier ones, so that the running mean and variance end up as
+    the batch-size-weighted averages of the per-batch means and (unbiased) variances -- the
+    authors' ``bn_update`` (swa_gaussian, ``swag/utils.py``); with equal batches this is
+    ``momentum=None`` (cumulative averaging).  With the whole data set as one batch the running
+    statistics are the exact mean and unbiased variance of the pre-BatchNorm activations.
+
+    The layers' ``momentum`` and the train/eval mode of every module are restored afterwards (the
+    authors' version leaves the model in train mode); parameters are not touched; if the data
+    raise or hold no inputs the old statistics are put back.  Returns the number of inputs seen
+    (0 and nothing changed for a model without BatchNorm).
+
+    Args:
+        model: the network.
+        data: a tensor of inputs (one batch) or an iterable of batches, each a tensor or a tuple
+            whose first entry is the inputs (a ``DataLoader`` of the training data).
+        progress: tqdm progress bar over the batches.
+    """
+    layers = _bn_layers(model)
+    if not layers:
+        return 0
+    modes = {m: m.training for m in model.modules()}
+    momenta = {m: m.momentum for m in layers}
+    snap = bn_snapshot(model)
+    n = 0
+    ok = False
+    try:
+        for m in layers:
+            m.reset_running_stats()
+        model.train()
+        from tqdm.auto import tqdm
+
+        for x in tqdm(_batches(data), desc="bn_update", disable=not progress, leave=False):
+            b = x.shape[0]
+            if b == 0:
+                continue
+            for m in layers:
+                m.momentum = b / (n + b)
+            model(x)
+            n += b
+        if n == 0:
+            raise ValueError("bn_data holds no inputs: pass the training inputs (a tensor or a DataLoader)")
+        ok = True
+    finally:
+        for m, mom in momenta.items():
+            m.momentum = mom
+        for m, mode in modes.items():
+            m.training = mode
+        if not ok:  # an error: leave the statistics as they were
+            bn_restore(snap)
+    return n
 
 
 class SWAG:
     """SWAG / SWAG-Diag moment collector around any optimizer (Maddox et al. 2019, Alg. 1).
 
-    ``SWAG(optimizer, rank=20, collect_every=1, start_step=0, diag_only=False, var_clamp=1e-30)``.
-    ``step(closure)`` steps the wrapped optimizer and, on every ``collect_every``-th step after
-    ``start_step`` steps, calls :meth:`collect` (which you may also call yourself, e.g. once per
-    epoch as in the paper).  Statistics are kept as flat float vectors over all parameters of the
-    optimizer's param groups, in order.
+    ``SWAG(optimizer, rank=20, collect_every=1, start_step=0, diag_only=False, var_clamp=1e-30,
+    seed=None, generator=None, *, collect="step", start_epoch=161)``.
 
-    Attributes after collection: ``n_collected``, :attr:`mean`, :attr:`sq_mean`, :attr:`variance`,
-    :attr:`deviations` (``p x K`` matrix, oldest column first).  ``self.last`` mirrors the wrapped
-    optimizer's ``last`` plus ``n_collected``.  Defaults: rank 20 (Maddox et al. Sec. 4; the paper's
-    reference setting), sample ``scale`` 1 (the paper uses 0.5 for some experiments).
+    When the weights are collected (:meth:`collect`, which you may also call yourself):
+
+    * ``collect="step"`` (default): on every ``collect_every``-th :meth:`step` after
+      ``start_step`` steps;
+    * ``collect="epoch"``: at :meth:`on_epoch_end`, once every ``collect_every`` epochs after
+      ``start_epoch`` epochs -- after epoch ``e`` (counted from 1) when ``e > start_epoch`` and
+      ``(e - start_epoch) % collect_every == 0``.  This is the rule of the paper (moments
+      collected once per epoch) and of the authors' code (swa_gaussian,
+      ``experiments/train/run_swag.py``: ``--swa_start 161`` of 300 epochs, ``--swa_c_epochs 1``,
+      ``max_num_models=20``), which ``SWAG(opt, collect="epoch")`` reproduces.
+
+    Statistics are flat float vectors over all parameters of the optimizer's param groups, in
+    order.  Attributes after collection: ``n_collected``, :attr:`mean`, :attr:`sq_mean`,
+    :attr:`variance`, :attr:`deviations` (``p x K`` matrix, oldest column first); ``n_steps``,
+    ``n_epochs``.  ``self.last`` mirrors the wrapped optimizer's ``last`` plus ``n_collected``.
+    Defaults: rank 20 (Maddox et al. Sec. 4 and their code), sample ``scale`` 1.
+
+    BatchNorm: a sampled network needs running statistics of its own weights.  Pass the training
+    inputs as ``bn_data=`` to :meth:`bayesian_model_average`, :meth:`sample` or :meth:`swa`: they
+    are recomputed with :func:`bn_update` for every sample, as the authors' evaluation does
+    (``experiments/uncertainty/uncertainty.py``: ``utils.bn_update`` after every
+    ``model.sample``), and the model's own statistics are put back afterwards.  Without
+    ``bn_data`` a model with BatchNorm gets a ``UserWarning`` and every sample uses the model's
+    current running statistics.
     """
 
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
-        rank: int = 20,  # Maddox et al. 2019; seed reference setting
+        rank: int = 20,  # Maddox et al. 2019 and their code (max_num_models=20)
         collect_every: int = 1,
         start_step: int = 0,
         diag_only: bool = False,
         var_clamp: float = 1e-30,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        *,
+        collect: str = "step",
+        start_epoch: int = 161,  # authors' code: --swa_start 161 (of 300 epochs)
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
                 f"optimizer must be a torch.optim.Optimizer instance, got {type(optimizer).__name__}"
             )
+        if collect not in ("step", "epoch"):
+            raise ValueError(f"collect must be 'step' or 'epoch', got {collect!r}")
         for name, v, lo in (
             ("rank", rank, 0),
             ("collect_every", collect_every, 1),
             ("start_step", start_step, 0),
+            ("start_epoch", start_epoch, 0),
         ):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        if collect == "epoch" and start_step:
+            raise ValueError("collect='epoch' counts epochs: give start_epoch=, not start_step=")
         if not diag_only and rank < 2:
             raise ValueError(
                 "full SWAG needs rank >= 2 (the deviation term divides by K - 1); use diag_only=True"
@@ -82,20 +198,24 @@ class SWAG:
         check_nonneg("var_clamp", var_clamp)
         self.optimizer = optimizer
         self.rank = rank
+        self.collect_mode = collect
         self.collect_every = collect_every
         self.start_step = start_step
+        self.start_epoch = start_epoch
         self.diag_only = diag_only
         self.var_clamp = var_clamp
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         dev = self.params[0].device if self.params else None
         self.generator, self.seed = resolve_generator(seed, generator, dev)
         self.n_steps = 0
+        self.n_epochs = 0
         self.n_collected = 0
         self._mean: torch.Tensor | None = None
         self._sq_mean: torch.Tensor | None = None
         self._devs: deque[torch.Tensor] = deque(maxlen=max(rank, 1))
         self.last: dict[str, Any] = {}
-        self.config = dict(rank=rank, collect_every=collect_every, start_step=start_step, diag_only=diag_only,
+        self.config = dict(rank=rank, collect=collect, collect_every=collect_every, start_step=start_step,
+                           start_epoch=start_epoch if collect == "epoch" else None, diag_only=diag_only,
                            seed=self.seed, optimizer=type(optimizer).__name__)  # fmt: skip
 
     @property
@@ -111,11 +231,29 @@ class SWAG:
     def step(self, closure: Callable[..., Any] | None = None) -> Any:
         loss = self.optimizer.step(closure)
         self.n_steps += 1
-        if self.n_steps > self.start_step and (self.n_steps - self.start_step) % self.collect_every == 0:
+        if (
+            self.collect_mode == "step"
+            and self.n_steps > self.start_step
+            and (self.n_steps - self.start_step) % self.collect_every == 0
+        ):
             self.collect()
         self.last = dict(getattr(self.optimizer, "last", {}))
         self.last["n_collected"] = self.n_collected
         return loss
+
+    def on_epoch_end(self) -> bool:
+        """Count one finished epoch; with ``collect="epoch"`` collect if due.  Returns whether it did."""
+        self.n_epochs += 1
+        e = self.n_epochs
+        due = (
+            self.collect_mode == "epoch"
+            and e > self.start_epoch
+            and (e - self.start_epoch) % self.collect_every == 0
+        )
+        if due:
+            self.collect()
+        self.last["n_collected"] = self.n_collected
+        return due
 
     @torch.no_grad()
     def collect(self) -> None:
@@ -180,28 +318,70 @@ class SWAG:
         return mean + scale * (sd * z1 / math.sqrt(2.0) + self.deviations @ z2 / math.sqrt(2.0 * (k - 1)))
 
     def sample(
-        self, generator: torch.Generator | None = None, scale: float = 1.0, diag_only: bool | None = None
+        self,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        diag_only: bool | None = None,
+        *,
+        model: nn.Module | None = None,
+        bn_data: Any = None,
     ) -> contextlib.AbstractContextManager[None]:
-        """Context manager: parameters set to a SWAG sample; restored bit-exactly on exit."""
-        return _weights_set_to(self.params, self.sample_weights(generator, scale, diag_only))
+        """Context manager: parameters set to a SWAG sample; restored bit-exactly on exit.
 
-    def swa(self) -> contextlib.AbstractContextManager[None]:
-        """Context manager: parameters set to the SWA mean ``theta_bar``."""
-        return _weights_set_to(self.params, self.mean)
+        With ``model`` and ``bn_data`` the model's BatchNorm statistics are recomputed for the
+        sample (:func:`bn_update`) and restored on exit.
+        """
+        return self._set_to(self.sample_weights(generator, scale, diag_only), model, bn_data)
+
+    def swa(
+        self, *, model: nn.Module | None = None, bn_data: Any = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Context manager: parameters set to the SWA mean ``theta_bar`` (BatchNorm as :meth:`sample`)."""
+        return self._set_to(self.mean, model, bn_data)
+
+    @contextlib.contextmanager
+    def _set_to(self, flat: torch.Tensor, model: nn.Module | None, bn_data: Any) -> Iterator[None]:
+        if bn_data is not None and model is None:
+            raise ValueError("bn_data= needs model= (the network whose BatchNorm statistics to recompute)")
+        snap = bn_snapshot(model) if bn_data is not None else []
+        try:
+            with _weights_set_to(self.params, flat):
+                if bn_data is not None:
+                    bn_update(model, bn_data)
+                yield
+        finally:
+            bn_restore(snap)
 
     def bayesian_model_average(
         self,
         model: nn.Module,
         inputs: Any,
-        samples: int = 30,  # paper reference setting: 30 posterior samples
+        samples: int = 30,  # Maddox et al. and the authors' uncertainty.py: N = 30
         generator: torch.Generator | None = None,
         scale: float = 1.0,
+        bn_data: Any = None,
     ) -> torch.Tensor:
-        """Average predictive probabilities over ``samples`` SWAG draws (BatchNorm: eval mode)."""
+        """Average predictive probabilities over ``samples`` SWAG draws (eval mode).
+
+        ``bn_data``: training inputs (a tensor or an iterable of batches) on which the BatchNorm
+        statistics are recomputed for every sample (:func:`bn_update`); the model's statistics are
+        restored afterwards.  A model with BatchNorm and no ``bn_data`` triggers a ``UserWarning``.
+        """
         check_positive("samples", samples, integer=True)
         self._require()
+        if bn_data is None and has_batchnorm(model):
+            warnings.warn(
+                "SWAG.bayesian_model_average: the model has BatchNorm layers but no bn_data= was given, "
+                "so every sampled network uses the model's current running statistics; pass the training "
+                "inputs (bn_data=x_train or a DataLoader) to recompute them for each sample as Maddox et "
+                "al. do",
+                UserWarning,
+                stacklevel=2,
+            )
         return _ensemble_average(
-            model, inputs, (lambda: self.sample(generator, scale) for _ in range(samples))
+            model,
+            inputs,
+            (lambda: self.sample(generator, scale, model=model, bn_data=bn_data) for _ in range(samples)),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -209,6 +389,7 @@ class SWAG:
             "optimizer": self.optimizer.state_dict(),
             "optimizer_wrapped": type(self.optimizer).__name__,
             "n_steps": self.n_steps,
+            "n_epochs": self.n_epochs,
             "n_collected": self.n_collected,
             "mean": self._mean,
             "sq_mean": self._sq_mean,
@@ -238,6 +419,7 @@ class SWAG:
             raise ValueError(f"SWAG.load_state_dict: 'devs' must be tensors of {p} entries (another model?)")
         self.optimizer.load_state_dict(sd["optimizer"])
         self.n_steps, self.n_collected = sd["n_steps"], sd["n_collected"]
+        self.n_epochs = sd.get("n_epochs", 0)
         self._mean, self._sq_mean = sd["mean"], sd["sq_mean"]
         self._devs = deque(sd["devs"], maxlen=max(self.rank, 1))
 
@@ -253,10 +435,23 @@ def f_swag(
     diag_only: bool = False,
     seed: int | None = None,
     model: nn.Module | None = None,
+    collect: str = "step",
+    start_epoch: int = 161,
     **base_kwargs: Any,
 ) -> SWAG:
-    """F-SWAG (``diag_only=False``) / F-SWAG-Diag: SWAG moments of SAM-trained weights (paper Sec. 4)."""
+    """F-SWAG (``diag_only=False``) / F-SWAG-Diag: SWAG moments of SAM-trained weights (paper Sec. 4).
+
+    ``collect="epoch"`` with the default ``start_epoch=161`` is the authors' schedule (flat_bnn
+    README: ``--swa_start=161`` of ``--epochs=300``, ``--cov_mat``); see :class:`SWAG`.
+    """
     sam = SAM(params, base_optimizer, rho, model=model, **base_kwargs)
     return SWAG(
-        sam, rank=rank, collect_every=collect_every, start_step=start_step, diag_only=diag_only, seed=seed
+        sam,
+        rank=rank,
+        collect_every=collect_every,
+        start_step=start_step,
+        diag_only=diag_only,
+        seed=seed,
+        collect=collect,
+        start_epoch=start_epoch,
     )
