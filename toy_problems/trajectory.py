@@ -58,6 +58,13 @@ class Trajectory:
         }
 
 
+def _point(t: torch.Tensor) -> str:
+    """A point in 4 significant digits per coordinate, for messages (``(3.705e+115, 1.508e+77)``)."""
+    v = t.reshape(-1).tolist()
+    more = f", ... ({len(v)} coordinates)" if len(v) > 6 else ""
+    return "(" + ", ".join(f"{x:.4g}" for x in v[:6]) + more + ")"
+
+
 def _exact_loss(prob: ToyProblem, t: torch.Tensor) -> float:
     with torch.no_grad():
         if not bool(prob.in_domain(t)):
@@ -120,14 +127,14 @@ def run_trajectory(
         calls.append(point)
         if not bool(prob.in_domain(point)):
             problem.append(
-                f"the closure was evaluated outside the valid region ({prob.domain}) at {point.tolist()}"
+                f"the closure was evaluated outside the valid region ({prob.domain}) at {_point(point)}"
             )
         loss = objective(theta)
         loss.backward()
         if not bool(torch.isfinite(loss)) or (
             theta.grad is not None and not bool(torch.isfinite(theta.grad).all())
         ):
-            problem.append(f"non-finite loss or gradient at {point.tolist()}")
+            problem.append(f"non-finite loss or gradient at {_point(point)}")
         return loss.detach()
 
     path = [start_t.clone()]
@@ -157,9 +164,9 @@ def run_trajectory(
             message = problem[0]
         after = theta.detach().clone()
         if not message and not bool(torch.isfinite(after).all()):
-            message = f"the iterate became non-finite: {after.tolist()}"
+            message = f"the iterate became non-finite: {_point(after)}"
         if not message and not bool(prob.in_domain(after)):
-            message = f"the iterate left the valid region ({prob.domain}): {after.tolist()}"
+            message = f"the iterate left the valid region ({prob.domain}): {_point(after)}"
         if message:
             break
         evals.append(torch.stack(calls) if calls else before[None].clone())

@@ -16,16 +16,9 @@ import torch
 from plotly.subplots import make_subplots
 
 from toy_problems import figures
+from toy_problems.figures.palette import method_color
 
-METHOD_COLORS = {
-    "exact": "black",
-    "MAP": "#7f7f7f",
-    "SAM": "#d62728",
-    "SAM+Laplace": "#ff7f0e",
-    "Laplace at MAP": "#8c564b",
-    "bSAM": "#1f77b4",
-    "MFVI": "#2ca02c",
-}
+from .layout import LEGEND_BELOW, fmt, grid_shape
 
 
 def logistic(resolution: int = 60, overrides: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
@@ -77,7 +70,7 @@ def posterior_figure(R: dict[str, Any], n_std: float = 2.0) -> go.Figure:
             y=[float(post.map[1])],
             mode="markers",
             name="MAP",
-            marker=dict(symbol="x", size=12, color=METHOD_COLORS["MAP"]),
+            marker=dict(symbol="x", size=12, color=method_color("MAP")),
         )
     )
     fig.add_trace(
@@ -86,7 +79,7 @@ def posterior_figure(R: dict[str, Any], n_std: float = 2.0) -> go.Figure:
             y=[float(post.mean[1])],
             mode="markers",
             name="exact mean",
-            marker=dict(symbol="circle", size=9, color="black"),
+            marker=dict(symbol="circle", size=9, color=method_color("exact")),
         )
     )
     fig.add_trace(
@@ -95,7 +88,7 @@ def posterior_figure(R: dict[str, Any], n_std: float = 2.0) -> go.Figure:
             y=[float(R["w_sam"][1])],
             mode="markers",
             name="SAM",
-            marker=dict(symbol="star", size=13, color=METHOD_COLORS["SAM"]),
+            marker=dict(symbol="star", size=13, color=method_color("SAM")),
         )
     )
     for name, g in R["gauss"].items():
@@ -106,14 +99,15 @@ def posterior_figure(R: dict[str, Any], n_std: float = 2.0) -> go.Figure:
                 y=ell[:, 1],
                 mode="lines",
                 name=f"{name} ({n_std:g}σ)",
-                line=dict(color=METHOD_COLORS.get(name, "gray"), width=2),
+                line=dict(color=method_color(name), width=2),
             )
         )
     fig.update_layout(
         xaxis_title="w₁",
         yaxis_title="w₂",
-        height=480,
-        margin=dict(l=40, r=10, t=30, b=40),
+        height=560,
+        legend=LEGEND_BELOW,
+        margin=dict(l=40, r=10, t=30, b=130),
         xaxis=dict(range=[-2, 8]),
         yaxis=dict(range=[-2, 5]),
     )
@@ -121,13 +115,22 @@ def posterior_figure(R: dict[str, Any], n_std: float = 2.0) -> go.Figure:
 
 
 def _maps_figure(xs, ys, maps: dict[str, torch.Tensor], data, titles: list[str], height: int) -> go.Figure:
-    """Predictive maps ``p(y=1|x)`` side by side, each with the training data on top."""
+    """Predictive maps ``p(y=1|x)`` at most three per row, each with the training data on top, on one
+    colour scale (0 to 1) with one colour bar."""
+    n_rows, n_cols = grid_shape(len(maps))
     fig = make_subplots(
-        rows=1, cols=len(maps), subplot_titles=titles, horizontal_spacing=0.03, shared_yaxes=True
+        rows=n_rows,
+        cols=n_cols,
+        subplot_titles=titles,
+        horizontal_spacing=0.05,
+        vertical_spacing=0.12,
+        shared_xaxes=True,
+        shared_yaxes=True,
     )
     X, y = data
     colors = np.where(y.numpy() > 0.5, "red", "blue")
-    for j, (m, p) in enumerate(maps.items(), start=1):
+    for j, (m, p) in enumerate(maps.items()):
+        row, col = divmod(j, n_cols)
         fig.add_trace(
             go.Contour(
                 x=xs.numpy(),
@@ -137,11 +140,12 @@ def _maps_figure(xs, ys, maps: dict[str, torch.Tensor], data, titles: list[str],
                 colorscale="RdBu_r",
                 zmin=0,
                 zmax=1,
-                showscale=j == len(maps),
+                showscale=j == 0,
+                colorbar=dict(title=dict(text="p(y=1|x)", side="right")),
                 contours=dict(start=0, end=1, size=0.1),
             ),
-            row=1,
-            col=j,
+            row=row + 1,
+            col=col + 1,
         )
         fig.add_trace(
             go.Scatter(
@@ -152,10 +156,13 @@ def _maps_figure(xs, ys, maps: dict[str, torch.Tensor], data, titles: list[str],
                 name="data",
                 marker=dict(size=5, color=colors, line=dict(color="black", width=0.5)),
             ),
-            row=1,
-            col=j,
+            row=row + 1,
+            col=col + 1,
         )
-    fig.update_layout(height=height, margin=dict(l=30, r=10, t=40, b=30))
+        fig.update_xaxes(title_text="x₁", row=row + 1, col=col + 1)
+        if col == 0:
+            fig.update_yaxes(title_text="x₂", row=row + 1, col=col + 1)
+    fig.update_layout(height=height * n_rows, margin=dict(l=40, r=10, t=40, b=40))
     return fig
 
 
@@ -206,7 +213,7 @@ def decision_boundaries_figure(R: dict[str, Any], samples: int = 20, seed: int =
                 y=ys_all,
                 mode="lines",
                 name=f"{name} samples",
-                line=dict(color=METHOD_COLORS.get(name, "gray"), width=1),
+                line=dict(color=method_color(name), width=1),
                 opacity=0.5,
             )
         )
@@ -214,19 +221,73 @@ def decision_boundaries_figure(R: dict[str, Any], samples: int = 20, seed: int =
     fig.update_layout(
         xaxis=dict(range=[ax0, ax1], title="x₁"),
         yaxis=dict(range=[ay0, ay1], title="x₂"),
-        height=420,
-        margin=dict(l=40, r=10, t=30, b=40),
+        height=520,
+        legend=LEGEND_BELOW,
+        margin=dict(l=40, r=10, t=30, b=110),
     )
     return fig
 
 
-def two_moons(resolution: int = 40, epochs: int = 40) -> dict[str, Any]:
-    """Train SAM and bSAM on two moons and compute the three predictive maps of the paper's Fig. 6."""
+def two_moons(resolution: int = 40, epochs: int = 40, progress=None) -> dict[str, Any]:
+    """Train SAM and bSAM on two moons and compute the three predictive maps of the paper's Fig. 6
+    (``progress(fraction, what)`` as in ``toy_problems.figures.moons_results``)."""
     if not 1 <= epochs <= 500:
         raise ValueError(f"epochs must be between 1 and 500, got {epochs}")
-    return figures.moons_results(resolution, epochs)
+    return figures.moons_results(resolution, epochs, progress=progress)
 
 
 def moons_figure(M: dict[str, Any]) -> go.Figure:
     titles = [f"{m}: mean entropy {M['entropy'][m]:.3f}" for m in M["maps"]]
     return _maps_figure(M["xs"], M["ys"], M["maps"], M["data"], titles, height=340)
+
+
+def _spread(ratio: float) -> str:
+    """det Σ / det Σ_exact in words."""
+    if ratio > 1.25:
+        return "wider than the exact posterior"
+    if ratio < 0.8:
+        return "narrower than the exact posterior"
+    return "about as wide as the exact posterior"
+
+
+def logistic_findings(R: dict[str, Any]) -> str:
+    """What the table shows, in sentences built from its own numbers (so the text cannot claim more
+    than the numbers do): distance of each predictive map to the exact one, and the spread of each
+    Gaussian posterior against the exact posterior's (``det Σ / det Σ_exact``)."""
+    rows = {r["method"]: r for r in distance_rows(R)}
+    methods = [m for m in ("bSAM", "SAM", "SAM+Laplace", "MFVI", "Laplace at MAP") if m in rows]
+    tv = {m: rows[m]["mean |p - p_exact|"] for m in methods}
+    best = min(tv, key=tv.get)
+    text = (
+        "**What the numbers show.** Mean |p − p_exact| over the map: "
+        + ", ".join(f"{m} {fmt(tv[m], 2)}" for m in methods)
+        + f"; the closest predictive to the exact one is **{best}**."
+    )
+    ratios = {m: rows[m]["det Σ / det Σ_exact"] for m in methods if "det Σ / det Σ_exact" in rows[m]}
+    if ratios:
+        text += (
+            " Spread of the Gaussian posteriors (det Σ / det Σ_exact, 1 = the exact spread): "
+            + "; ".join(f"{m} {fmt(r, 2)} ({_spread(r)})" for m, r in ratios.items())
+        )
+        text += "."
+    if "bSAM" in ratios and not 0.8 <= ratios["bSAM"] <= 1.25:
+        area = 100 * ratios["bSAM"] ** 0.5
+        text += (
+            f" So bSAM's Gaussian does not match the exact posterior: its ellipses enclose {area:.0f}% of "
+            "the area of those of a Gaussian with the exact covariance"
+            + (", although its predictive map is the closest to the exact one." if best == "bSAM" else ".")
+        )
+    return text
+
+
+def moons_findings(M: dict[str, Any]) -> str:
+    """Mean predictive entropy of each two-moons map (higher: more uncertain), in words."""
+    ent = M["entropy"]
+    text = "Mean predictive entropy over the map (nats; higher = more uncertain): " + ", ".join(
+        f"{m} {fmt(v, 3)}" for m, v in ent.items()
+    )
+    if "bSAM" in ent and "SAM" in ent:
+        more = "more" if ent["bSAM"] > ent["SAM"] else "less"
+        text += f". After {M['epochs']} epochs bSAM's model average is {more} uncertain than SAM's point"
+        text += " estimate."
+    return text

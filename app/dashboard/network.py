@@ -15,13 +15,31 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 import torch
 from torch import nn
 
 import landscape as ls
 import optimizers as opt_suite
 from landscape import metrics
+
+from .network_plots import log_loss, shared_range, spectrum_figure, surface_figure, training_figure
+
+__all__ = [
+    "NETWORK_OPTIMIZERS",
+    "TrainedRun",
+    "train_network",
+    "surface_of",
+    "spectrum_of",
+    "sharpness_rows",
+    "metric_rows",
+    "spectrum_rows",
+    "surface_caption",
+    "log_loss",
+    "shared_range",
+    "surface_figure",
+    "spectrum_figure",
+    "training_figure",
+]
 
 # optimizer name -> (factory(params, lr, rho, num_data), default lr, default rho)
 NETWORK_OPTIMIZERS: dict[str, tuple[Callable[..., torch.optim.Optimizer], float, float]] = {
@@ -32,7 +50,8 @@ NETWORK_OPTIMIZERS: dict[str, tuple[Callable[..., torch.optim.Optimizer], float,
         0.05,
     ),
     "ASAM": (
-        lambda p, lr, rho, n: opt_suite.ASAM(p, torch.optim.SGD, rho=rho, lr=lr, momentum=0.9),
+        # the MLP has no normalisation layers: "dim>1" scales exactly the weights (the authors' rule)
+        lambda p, lr, rho, n: opt_suite.ASAM(p, torch.optim.SGD, rho=rho, lr=lr, momentum=0.9, scale="dim>1"),
         0.05,
         0.5,
     ),
@@ -221,50 +240,6 @@ def surface_of(
     return s, path
 
 
-def surface_figure(s: ls.Surface, path: np.ndarray | None, title: str) -> go.Figure:
-    """Plotly contour of a 2-D surface (log10 loss) with the projected trajectory."""
-    fig = go.Figure(
-        go.Contour(
-            x=s.xs,
-            y=s.ys,
-            z=np.log10(np.asarray(s.loss).T + 1e-12),
-            colorscale="Viridis",
-            ncontours=30,
-            name="log10 loss",
-            colorbar=dict(title="log10 loss"),
-        )
-    )
-    if path is not None:
-        fig.add_trace(
-            go.Scatter(
-                x=path[:, 0],
-                y=path[:, 1],
-                mode="lines+markers",
-                name="trajectory",
-                marker=dict(size=4, color="red"),
-                line=dict(color="red"),
-            )
-        )
-    fig.add_trace(
-        go.Scatter(
-            x=[0.0],
-            y=[0.0],
-            mode="markers",
-            name="final weights",
-            marker=dict(symbol="star", size=14, color="white", line=dict(color="black", width=1)),
-        )
-    )
-    fig.update_layout(
-        title=title,
-        height=460,
-        legend=dict(orientation="h", y=-0.25),
-        xaxis_title="direction 1",
-        yaxis_title="direction 2",
-        margin=dict(l=40, r=10, t=40, b=40),
-    )
-    return fig
-
-
 def spectrum_of(
     run: TrainedRun, *, k: int = 5, runs: int = 5, lanczos_steps: int = 40, seed: int = 0
 ) -> dict[str, Any]:
@@ -285,20 +260,6 @@ def spectrum_of(
     }
 
 
-def spectrum_figure(spectra: dict[str, dict[str, Any]]) -> go.Figure:
-    fig = go.Figure()
-    for name, sp in spectra.items():
-        fig.add_trace(go.Scatter(x=sp["grid"], y=np.maximum(sp["density"], 1e-12), mode="lines", name=name))
-    fig.update_layout(
-        yaxis_type="log",
-        xaxis_title="Hessian eigenvalue",
-        yaxis_title="density (SLQ)",
-        height=360,
-        margin=dict(l=40, r=10, t=30, b=40),
-    )
-    return fig
-
-
 def sharpness_rows(runs: dict[str, TrainedRun], measures=None) -> list[dict[str, Any]]:
     """One row per (measure, optimizer): value and standard error, from ``ls.sharpness_report``."""
     measures = measures or SHARPNESS_MEASURES
@@ -316,16 +277,6 @@ def sharpness_rows(runs: dict[str, TrainedRun], measures=None) -> list[dict[str,
                 }
             )
     return rows
-
-
-def training_figure(runs: dict[str, TrainedRun]) -> go.Figure:
-    fig = go.Figure()
-    for name, run in runs.items():
-        fig.add_trace(go.Scatter(y=run.history["epoch_loss"], mode="lines+markers", name=name))
-    fig.update_layout(
-        xaxis_title="epoch", yaxis_title="training loss", height=320, margin=dict(l=40, r=10, t=30, b=40)
-    )
-    return fig
 
 
 def metric_rows(runs: dict[str, TrainedRun]) -> list[dict[str, Any]]:

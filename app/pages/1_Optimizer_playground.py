@@ -8,11 +8,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import streamlit as st  # noqa: E402
-from dashboard import (  # noqa: E402
-    page_header,
-    readable_errors,
-    toy,  # noqa: E402
-)
+from dashboard import page_header, readable_errors, toy  # noqa: E402
+from dashboard.widgets import show_figure, show_table  # noqa: E402
 
 import toy_problems as tp  # noqa: E402
 
@@ -65,7 +62,11 @@ with st.sidebar:
                     key=f"{problem}_{name}_{h.name}",
                 )
         configs.append((name, tuple(sorted(values.items()))))
-    log_scale = st.checkbox("log-scale loss", value=problem != "gaussian_mixture")
+    log_scale = st.checkbox(
+        "log-scale loss",
+        value=problem != "gaussian_mixture",
+        help="log10 of the loss on the contour, the 3-D view and the loss curves",
+    )
 
 if not chosen:
     st.info("Choose at least one optimizer in the sidebar.")
@@ -73,9 +74,8 @@ if not chosen:
 
 with readable_errors("run the optimizers"):
     runs = cached_run(problem, (float(sx), float(sy)), int(steps), tuple(configs))
-    for r in runs:
-        if r.trajectory.diverged:
-            st.warning(f"{r.label}: {r.trajectory.message}. Lower its learning rate or radius.")
+    for message in toy.divergence_messages(prob, runs):
+        st.warning(message)
     max_step = max(len(r.trajectory.perturbations) for r in runs)
     step = (
         st.slider("show the neighbourhood and probe at step", 0, max(max_step - 1, 0), 0)
@@ -83,8 +83,12 @@ with readable_errors("run the optimizers"):
         else 0
     )
     left, right = st.columns(2)
-    left.plotly_chart(toy.contour_figure(prob, runs, log=log_scale, neighbourhood_step=step), key="contour")
-    right.plotly_chart(toy.surface_figure(prob, runs, log=log_scale), key="surface")
-    left.plotly_chart(toy.loss_curves_figure(runs), key="losses")
+    contour = toy.contour_figure(prob, runs, log=log_scale, neighbourhood_step=step)
+    show_figure(contour, f"{problem}_paths", key="contour", container=left)
+    show_figure(
+        toy.surface_figure(prob, runs, log=log_scale), f"{problem}_surface", key="surface", container=right
+    )
+    curves = toy.loss_curves_figure(runs, log=log_scale, prob=prob)
+    show_figure(curves, f"{problem}_loss_curves", key="losses", container=left)
     right.markdown("**Where each run ended** (exact Hessian by autograd)")
-    right.dataframe(toy.end_rows(prob, runs), hide_index=True)
+    show_table(toy.end_rows(prob, runs), f"{problem}_end_points", key="end_points", container=right)

@@ -8,13 +8,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import streamlit as st  # noqa: E402
-from dashboard import (  # noqa: E402
-    page_header,
-    readable_errors,
-    toy,  # noqa: E402
-)
-
-import toy_problems as tp  # noqa: E402
+from dashboard import page_header, readable_errors, toy  # noqa: E402
+from dashboard.widgets import computed_with_progress, show_figure  # noqa: E402
 
 page_header(
     "Smoothed objectives",
@@ -25,23 +20,19 @@ page_header(
 )
 
 
-@st.cache_data(show_spinner="computing the four panels ...", max_entries=32)
-def cached_panels(problem: str, rho: float, resolution: int) -> dict:
-    return toy.smoothed_panels(problem, rho, resolution)
-
-
 with st.sidebar:
-    names = [n for n in tp.names() if tp.get(n).dim == 2]
+    names = toy.playground_problems()[0]
     problem = st.selectbox("problem", names, index=names.index("gaussian_mixture"), key="smoothed_problem")
     rho = st.slider("radius ρ", 0.5, 20.0, 8.0, 0.5)
     resolution = st.select_slider("grid resolution", [30, 45, 60, 90], value=45, key="smoothed_resolution")
     log_scale = st.checkbox("log-scale", value=problem != "gaussian_mixture", key="smoothed_log")
 
 with readable_errors("compute the smoothed objectives"):
-    panels = cached_panels(problem, float(rho), int(resolution))
-    st.plotly_chart(toy.smoothed_figure(panels, log=log_scale), key="panels")
-    counts = panels["basins"]
-    st.markdown(
-        "Local minima (discrete basins) on this grid: "
-        + ", ".join(f"**{toy.PANEL_TITLES[k].split(':')[0]}** {v}" for k, v in counts.items())
+    panels = computed_with_progress(
+        "smoothed_panels",
+        (problem, float(rho), int(resolution)),
+        lambda report: toy.smoothed_panels(problem, float(rho), int(resolution), progress=report),
+        "computing the four panels",
     )
+    show_figure(toy.smoothed_figure(panels, log=log_scale), f"smoothed_{problem}_rho{rho:g}", key="panels")
+    st.markdown(toy.smoothed_summary(panels))

@@ -9,25 +9,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import streamlit as st  # noqa: E402
 from dashboard import bayes, page_header, readable_errors  # noqa: E402
+from dashboard.widgets import computed_with_progress, show_figure, show_table  # noqa: E402
 
 page_header(
     "Bayesian view",
     "Bayesian logistic regression in 2-D, where the exact posterior is known by numerical integration: "
-    "SAM's point estimate is overconfident, a Laplace approximation around it is too wide, and "
-    "Bayesian-SAM's Gaussian posterior comes close to the exact one; on two moons, bSAM's predictive "
-    "uncertainty grows away from the data (Möllenhoff & Khan 2023, 'SAM as an optimal relaxation of "
-    "Bayes', Fig. 3, 5 and 6).",
+    "SAM's point estimate, a Laplace approximation around it, MFVI and Bayesian-SAM's Gaussian posterior "
+    "are compared with the exact posterior and its predictive map; the sentence under the table says what "
+    "the numbers show. On two moons, the predictive uncertainty of SAM, bSAM and SAM + Laplace "
+    "(Möllenhoff & Khan 2023, 'SAM as an optimal relaxation of Bayes', Fig. 3, 5 and 6).",
 )
 
 
 @st.cache_data(show_spinner="fitting SAM, bSAM and MFVI, integrating the exact posterior ...", max_entries=16)
 def cached_logistic(resolution: int, sam_rho: float, bsam_rho: float) -> dict:
     return bayes.logistic(resolution, {"sam": {"rho": sam_rho}, "bsam": {"rho": bsam_rho}})
-
-
-@st.cache_data(show_spinner="training SAM and bSAM on two moons ...", max_entries=8)
-def cached_moons(resolution: int, epochs: int) -> dict:
-    return bayes.two_moons(resolution, epochs)
 
 
 with st.sidebar:
@@ -38,23 +34,35 @@ with st.sidebar:
     )
     n_std = st.slider("ellipse radius (standard deviations)", 1.0, 3.0, 2.0, 0.5)
     samples = st.slider("sampled decision boundaries per method", 5, 50, 20)
-    show_moons = st.checkbox("two moons (trains two networks, ~10 s)", value=False, key="show_moons")
+    show_moons = st.checkbox(
+        "two moons (trains two networks; a progress bar shows how far)", value=False, key="show_moons"
+    )
     moons_epochs = st.slider("two-moons epochs", 10, 250, 40, 10, disabled=not show_moons, key="moons_epochs")
 
 with readable_errors("compute the logistic-regression posteriors"):
     R = cached_logistic(int(resolution), float(sam_rho), float(bsam_rho))
     left, right = st.columns(2)
     left.markdown("**Posterior over the weights** (exact density and Gaussian approximations)")
-    left.plotly_chart(bayes.posterior_figure(R, n_std=n_std), key="posterior")
+    show_figure(bayes.posterior_figure(R, n_std=n_std), "posterior", key="posterior", container=left)
     right.markdown("**Sampled decision boundaries** (the model has no bias: lines through the origin)")
-    right.plotly_chart(bayes.decision_boundaries_figure(R, samples=samples), key="boundaries")
+    show_figure(
+        bayes.decision_boundaries_figure(R, samples=samples), "boundaries", key="boundaries", container=right
+    )
     st.markdown("**Predictive maps p(y = 1 | x)**")
-    st.plotly_chart(bayes.predictive_figure(R), key="predictive")
+    show_figure(bayes.predictive_figure(R), "predictive_maps", key="predictive")
     st.markdown("**Distance of each predictive map to the exact one** (on the plotted x-grid)")
-    st.dataframe(bayes.distance_rows(R), hide_index=True)
+    show_table(bayes.distance_rows(R), "distances_to_exact", key="distances")
+    st.markdown(bayes.logistic_findings(R))
 
 if show_moons:
     with readable_errors("train on two moons"):
-        M = cached_moons(int(resolution), int(moons_epochs))
+        M = computed_with_progress(
+            "two_moons",
+            (int(resolution), int(moons_epochs)),
+            lambda report: bayes.two_moons(int(resolution), int(moons_epochs), progress=report),
+            "two moons",
+            max_entries=8,
+        )
         st.markdown("**Two moons**: predictive maps of SAM, bSAM (model average) and SAM + Laplace")
-        st.plotly_chart(bayes.moons_figure(M), key="moons")
+        show_figure(bayes.moons_figure(M), "two_moons", key="moons")
+        st.markdown(bayes.moons_findings(M))

@@ -11,7 +11,9 @@ import numpy as np  # noqa: E402
 import streamlit as st  # noqa: E402
 from dashboard import network as nw  # noqa: E402
 from dashboard import page_header, readable_errors  # noqa: E402
+from dashboard.layout import MAX_COLUMNS  # noqa: E402
 from dashboard.uploads import open_uploaded_surface  # noqa: E402
+from dashboard.widgets import show_figure, show_table  # noqa: E402
 
 page_header(
     "Network landscape",
@@ -98,31 +100,36 @@ else:
             runs[name] = trained(name, *hypers[name], epochs, hidden)
     if runs:
         st.subheader("Test metrics")
-        st.dataframe(nw.metric_rows(runs), hide_index=True)
-        st.plotly_chart(nw.training_figure(runs), key="training")
+        show_table(nw.metric_rows(runs), "test_metrics", key="metrics")
+        show_figure(nw.training_figure(runs), "training_loss", key="training")
         keys = {n: (n, *hypers[n], epochs, hidden) for n in runs}
         if "surface" in analyses:
-            st.subheader("Loss surface around each solution")
-            cols = st.columns(len(runs))
-            for col, (name, run) in zip(cols, runs.items()):
-                with col, readable_errors(f"compute the surface for {name}"):
-                    s, path = cached_surface(run, keys[name], plane, resolution)
-                    st.plotly_chart(
-                        nw.surface_figure(s, path, f"{name}: log10 loss ({plane} plane)"),
-                        key=f"surface_{name}",
-                    )
-                    st.caption(nw.surface_caption(s))
+            st.subheader("Loss surface around each solution (one colour scale for all)")
+            surfaces = {}
+            for name, run in runs.items():
+                with readable_errors(f"compute the surface for {name}"):
+                    surfaces[name] = cached_surface(run, keys[name], plane, resolution)
+            zrange = nw.shared_range([s for s, _ in surfaces.values()])
+            names = list(surfaces)
+            for start in range(0, len(names), MAX_COLUMNS):
+                cols = st.columns(MAX_COLUMNS)
+                for col, name in zip(cols, names[start : start + MAX_COLUMNS]):
+                    s, path = surfaces[name]
+                    title = f"{name}: log10 loss ({plane} plane)"
+                    fig = nw.surface_figure(s, path, title, zrange=zrange)
+                    show_figure(fig, f"surface_{name}", key=f"surface_{name}", container=col)
+                    col.caption(nw.surface_caption(s))
         if "spectrum" in analyses:
             st.subheader("Hessian spectrum")
             with readable_errors("compute the Hessian spectrum"):
                 spectra = {n: cached_spectrum(r, keys[n]) for n, r in runs.items()}
-                st.plotly_chart(nw.spectrum_figure(spectra), key="spectrum")
-                st.dataframe(nw.spectrum_rows(spectra), hide_index=True)
+                show_figure(nw.spectrum_figure(spectra), "hessian_spectrum", key="spectrum")
+                show_table(nw.spectrum_rows(spectra), "hessian_spectrum", key="spectrum_rows")
         if "sharpness" in analyses:
             st.subheader("Sharpness measures (training data)")
             with readable_errors("measure sharpness"):
                 rows = [row for n, r in runs.items() for row in cached_sharpness(r, keys[n])]
-                st.dataframe(rows, hide_index=True)
+                show_table(rows, "sharpness", key="sharpness")
 
 st.subheader("Open a saved surface file")
 upload = st.file_uploader(
@@ -132,7 +139,7 @@ if upload is not None:
     with readable_errors("open the surface file"):
         s = open_uploaded_surface(upload.name, upload.getvalue())
         if s.ndim == 2:
-            st.plotly_chart(s.to_plotly(), key="uploaded")
+            show_figure(s.to_plotly(title=upload.name), Path(upload.name).stem, key="uploaded")
         else:
             st.line_chart({"loss": np.asarray(s.loss)})
         st.json(s.config)

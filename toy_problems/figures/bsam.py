@@ -4,6 +4,7 @@ posterior contours against the exact posterior) and Fig. 6 on two moons (predict
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 
 from toy_problems.figures.common import REDUCED_BELOW, pyplot, save_png
+from toy_problems.figures.palette import method_color
 from toy_problems.logistic import Gaussian, LogisticRegression, predictive_distances
 from toy_problems.trajectory import run_trajectory
 from toy_problems.two_moons import TwoMoons
@@ -195,21 +197,21 @@ def bsam_fig5(out: Path, resolution: int) -> dict:
     post = R["post"]
     fig, ax = plt.subplots(figsize=(6, 5))
     ax.contourf(post.xs, post.ys, post.density.numpy(), levels=20, cmap="Greys")
-    ax.plot(*post.map.tolist(), "kx", ms=10, mew=2, label="MAP", zorder=5)
-    ax.plot(*R["w_sam"].tolist(), "o", color="tab:green", label="SAM")
+    ax.plot(*post.map.tolist(), "x", color=method_color("MAP"), ms=10, mew=2, label="MAP", zorder=5)
+    ax.plot(*R["w_sam"].tolist(), "o", color=method_color("SAM"), label="SAM")
     e = R["gauss"]["SAM+Laplace"].ellipse(2.0).numpy()
-    ax.plot(e[:, 0], e[:, 1], "--", color="tab:green", label="SAM+Laplace (2 sd)")
+    ax.plot(e[:, 0], e[:, 1], "--", color=method_color("SAM+Laplace"), label="SAM+Laplace (2 sd)")
     e = R["gauss"]["bSAM"].ellipse(2.0).numpy()
-    ax.plot(e[:, 0], e[:, 1], "-", color="tab:orange", label="bSAM (2 sd)")
-    ax.plot(*R["gauss"]["bSAM"].mean.tolist(), "^", color="tab:orange")
+    ax.plot(e[:, 0], e[:, 1], "-", color=method_color("bSAM"), label="bSAM (2 sd)")
+    ax.plot(*R["gauss"]["bSAM"].mean.tolist(), "^", color=method_color("bSAM"))
     m, c = post.mean.numpy(), post.cov.numpy()
     e = Gaussian(post.mean, post.cov).ellipse(2.0).numpy()
-    ax.plot(e[:, 0], e[:, 1], ":", color="k", label="exact mean/cov (2 sd)")
+    ax.plot(e[:, 0], e[:, 1], ":", color=method_color("exact"), label="exact mean/cov (2 sd)")
     ax.set_xlim(-1, 6)
     ax.set_ylim(-1.5, 3.5)
     ax.set_xlabel("w_1")
     ax.set_ylabel("w_2")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # outside
     ax.set_title(f"bSAM Fig. 5: exact posterior (grey), mean {np.round(m, 2)}", fontsize=9)
     del c
     save_png(fig, out / "bsam_fig5.png")
@@ -223,7 +225,7 @@ def _flat(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def _train_moons(prob: TwoMoons, method: str, epochs: int):
+def _train_moons(prob: TwoMoons, method: str, epochs: int, on_epoch: Callable[[int], None] | None = None):
     from optimizers import SAM, BayesianSAM
 
     s = MOONS_SETTINGS
@@ -249,7 +251,9 @@ def _train_moons(prob: TwoMoons, method: str, epochs: int):
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * steps_per_epoch)
     g = torch.Generator().manual_seed(s["seed"])
     m = getattr(opt, "m", 1)
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        if on_epoch is not None:
+            on_epoch(epoch)
         perm = torch.randperm(n, generator=g)
         for i in range(0, n, s["batch"]):
             idx = perm[i : i + s["batch"]]
@@ -301,14 +305,28 @@ def _laplace_linearised(prob: TwoMoons, model, XG: torch.Tensor, prior_precision
     return torch.cat(out).reshape(XG.shape[:-1])
 
 
-def moons_results(resolution: int, epochs: int) -> dict[str, Any]:
+def moons_results(
+    resolution: int, epochs: int, progress: Callable[[float, str], None] | None = None
+) -> dict[str, Any]:
     """Train SAM and bSAM on two moons for ``epochs`` epochs and compute the three predictive maps of
-    Fig. 6 (SAM, bSAM model average, SAM + linearised diagonal Laplace) on a ``resolution``^2 grid."""
+    Fig. 6 (SAM, bSAM model average, SAM + linearised diagonal Laplace) on a ``resolution``^2 grid.
+
+    ``progress(fraction, what)`` is called at every epoch (bSAM's epochs, with ``m = 5`` passes per
+    step, count for 5/6 of the time) and before the predictive maps."""
     s = MOONS_SETTINGS
+    report = progress or (lambda f, what: None)
     prob = TwoMoons()
     xs, ys, XG = _xgrid(prob, resolution)
-    sam_model, _ = _train_moons(prob, "SAM", epochs)
-    bsam_model, bopt = _train_moons(prob, "bSAM", epochs)
+    sam_model, _ = _train_moons(
+        prob, "SAM", epochs, lambda e: report(0.15 * e / epochs, f"training SAM, epoch {e + 1} of {epochs}")
+    )
+    bsam_model, bopt = _train_moons(
+        prob,
+        "bSAM",
+        epochs,
+        lambda e: report(0.15 + 0.75 * e / epochs, f"training bSAM, epoch {e + 1} of {epochs}"),
+    )
+    report(0.9, "predictive maps (bSAM model average, SAM + Laplace)")
     with torch.no_grad():
         p_sam = torch.sigmoid(sam_model(XG.reshape(-1, 2)).squeeze(-1)).reshape(XG.shape[:-1])
     p_bsam = (

@@ -87,12 +87,20 @@ def vsam_fig1(out: Path, resolution: int) -> dict:
     P = vsam_panels(resolution)
     prob = GaussianMixture()
     xs, ys = P["xs"], P["ys"]
-    titles = {
-        "A": "A: loss L",
-        "B": f"B: E L(theta+eps), eps~N(0, rho^2/2 I)\n"
-        f"(Gauss-Hermite {P['n_quad']}x{P['n_quad']}; white: sigma<=rho)",
-        "C": "C: max_{||eps||<=rho} L(theta+eps)\n(dense search; white: ball reaches sigma<=0)",
-        "D": "D: L(theta + rho g/||g||) (SAM, 1st order)",
+    nq = P["n_quad"]
+    titles = {  # matplotlib mathtext
+        "A": r"A: loss $L(\theta)$",
+        "B": r"B: Gaussian-smoothed $\mathbb{E}\,L(\theta+\epsilon)$, $\epsilon\sim N(0, \rho^2/2\; I)$"
+        f"\n(Gauss-Hermite {nq}x{nq}; white: " + r"$\sigma\leq\rho$)",
+        "C": r"C: worst case of $L(\theta+\epsilon)$ over $\|\epsilon\|\leq\rho$"
+        "\n(dense search; white: the ball reaches " + r"$\sigma\leq 0$)",
+        "D": r"D: SAM's first-order objective $L(\theta + \rho\, g/\|g\|)$",
+    }
+    plain = {  # the interactive HTML (no TeX renderer there)
+        "A": "A: loss L(θ)",
+        "B": "B: Gaussian-smoothed loss, ε ~ N(0, ρ²/2 · I)",
+        "C": "C: worst loss within distance ρ",
+        "D": "D: SAM's first-order objective",
     }
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2), sharey=True)
     numbers: dict[str, Any] = {
@@ -116,17 +124,17 @@ def vsam_fig1(out: Path, resolution: int) -> dict:
             f"depth vs flat {st['sharp_minus_flat']:+.3f}",
             fontsize=8,
         )
-        ax.set_xlabel("mu")
-    axes[0].set_ylabel("sigma")
+        ax.set_xlabel(r"$\mu$")
+    axes[0].set_ylabel(r"$\sigma$")
     fig.suptitle(
-        f"VSAM Fig. 1 (rho = {VSAM_RHO}): red stars = local minima of each surface", fontsize=9, y=1.08
+        f"VSAM Fig. 1 ($\\rho$ = {VSAM_RHO}): red stars = local minima of each surface", fontsize=9, y=1.08
     )
     save_png(fig, out / "vsam_fig1.png")
     try:
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        pf = make_subplots(rows=1, cols=4, subplot_titles=[titles[k].split("\n")[0] for k in "ABCD"])
+        pf = make_subplots(rows=1, cols=4, subplot_titles=[plain[k] for k in "ABCD"])
         for c, key in enumerate("ABCD", start=1):
             pf.add_trace(
                 go.Contour(x=xs, y=ys, z=P[key], showscale=False, colorscale="Viridis"), row=1, col=c

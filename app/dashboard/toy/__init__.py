@@ -18,9 +18,9 @@ from .catalogue import (
     problem_settings,
     validate_hypers,
 )
-from .plots import COLORS, contour_figure, loss_curves_figure, loss_grid, surface_figure
-from .runs import Run, end_rows, hessian_summary, neighbourhood, run
-from .smoothed import PANEL_TITLES, smoothed_figure, smoothed_panels
+from .plots import contour_figure, loss_curves_figure, loss_grid, surface_figure
+from .runs import Run, divergence_messages, end_rows, hessian_summary, neighbourhood, run, run_status
+from .smoothed import PANEL_TITLES, ball_inside, smoothed_figure, smoothed_panels, smoothed_summary
 
 __all__ = [
     "OPTIMIZERS",
@@ -36,7 +36,8 @@ __all__ = [
     "neighbourhood",
     "hessian_summary",
     "end_rows",
-    "COLORS",
+    "run_status",
+    "divergence_messages",
     "loss_grid",
     "contour_figure",
     "surface_figure",
@@ -44,4 +45,6 @@ __all__ = [
     "PANEL_TITLES",
     "smoothed_panels",
     "smoothed_figure",
+    "smoothed_summary",
+    "ball_inside",
 ]

@@ -1,4 +1,9 @@
-"""Plotly figures of the playground: contour with paths and probe regions, 3-D surface, loss curves."""
+"""Plotly figures of the playground: contour with paths and probe regions, 3-D surface, loss curves.
+
+Every run is drawn in its method's colour (``toy_problems.figures.palette``); legends sit below the
+axes; a run that explodes cannot stretch an axis: the axes keep to the finite range of the loss on
+the plotted grid (and the runs' start points), and what lies beyond is cut off.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,10 @@ import plotly.graph_objects as go
 import torch
 
 import toy_problems as tp
+from toy_problems.figures.palette import method_color
 
+from ..layout import LEGEND_BELOW, finite_range, fmt, padded
 from .runs import Run, neighbourhood
-
-COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
 
 def loss_grid(prob: tp.ToyProblem, resolution: int = 120) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -24,12 +29,30 @@ def loss_grid(prob: tp.ToyProblem, resolution: int = 120) -> tuple[np.ndarray, n
     return xs.numpy(), ys.numpy(), z.numpy()
 
 
-def log_display(z: np.ndarray, log: bool) -> np.ndarray:
+def log_shift(z: np.ndarray) -> float:
+    """What :func:`log_display` adds before the logarithm: ``1e-12 - min(0, min z)`` (a loss that
+    goes negative, such as the saddle's, still has a logarithm)."""
+    z = np.asarray(z, dtype=float)
+    finite = z[np.isfinite(z)]
+    return 1e-12 - min(0.0, float(finite.min())) if finite.size else 0.0
+
+
+def log_display(z: np.ndarray, log: bool, shift: float | None = None) -> np.ndarray:
+    """``log10(z + shift + 1e-12)`` when ``log`` (``shift`` from :func:`log_shift` of ``z`` unless
+    given, so that several arrays can share one), else ``z`` unchanged."""
+    z = np.asarray(z, dtype=float)
     if not log:
         return z
-    finite = z[np.isfinite(z)]
-    shift = 1e-12 - min(0.0, float(finite.min())) if finite.size else 0.0
-    return np.log10(z + shift + 1e-12)
+    s = log_shift(z) if shift is None else shift
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.log10(z + s + 1e-12)
+
+
+def loss_label(log: bool, shift: float) -> str:
+    """Axis / colour-bar title for the loss as displayed."""
+    if not log:
+        return "loss"
+    return "log10 loss" if shift <= 1e-9 else f"log10(loss + {fmt(shift, 3)})"
 
 
 def contour_figure(
@@ -41,16 +64,19 @@ def contour_figure(
 ) -> go.Figure:
     """Contour of the loss with each run's path, its minima, and the probe region at one step."""
     xs, ys, z = loss_grid(prob, resolution)
+    shift = log_shift(z)
+    label = loss_label(log, shift)
     fig = go.Figure()
     fig.add_trace(
         go.Contour(
             x=xs,
             y=ys,
-            z=log_display(z, log),
+            z=log_display(z, log, shift),
             colorscale="Viridis",
             ncontours=40,
-            name="log10 loss" if log else "loss",
+            name=label,
             showscale=True,
+            colorbar=dict(title=dict(text=label, side="right")),
             opacity=0.85,
         )
     )
@@ -66,8 +92,8 @@ def contour_figure(
                 name=f"minimum {m.label}".strip(),
             )
         )
-    for i, r in enumerate(runs):
-        color = COLORS[i % len(COLORS)]
+    for r in runs:
+        color = method_color(r.optimizer)
         path = r.trajectory.path.numpy()
         fig.add_trace(
             go.Scatter(
@@ -90,88 +116,126 @@ def contour_figure(
             )
         )
         if neighbourhood_step is not None:
-            region = neighbourhood(prob, r, neighbourhood_step)
-            if region is not None:
-                fig.add_trace(
-                    go.Scatter(
-                        x=region[:, 0],
-                        y=region[:, 1],
-                        mode="lines",
-                        name=f"{r.label} neighbourhood",
-                        line=dict(color=color, dash="dot"),
-                    )
-                )
-                k = min(neighbourhood_step, len(r.trajectory.perturbations) - 1)
-                if k >= 0:
-                    w = path[k]
-                    e = r.trajectory.perturbations[k].numpy()
-                    fig.add_trace(
-                        go.Scatter(
-                            x=[w[0], w[0] + e[0]],
-                            y=[w[1], w[1] + e[1]],
-                            mode="lines+markers",
-                            name=f"{r.label} probe",
-                            line=dict(color=color, width=3),
-                            marker=dict(symbol="arrow", angleref="previous", size=10),
-                        )
-                    )
+            _add_neighbourhood(fig, prob, r, neighbourhood_step, color, path)
     (x0, x1), (y0, y1) = prob.bounds
     fig.update_layout(
         xaxis=dict(range=[x0, x1], title=prob.axis_labels[0]),
         yaxis=dict(range=[y0, y1], title=prob.axis_labels[1]),
-        height=560,
-        legend=dict(orientation="h"),
-        margin=dict(l=40, r=20, t=30, b=40),
+        height=600,
+        legend=LEGEND_BELOW,
+        margin=dict(l=50, r=20, t=30, b=140),
     )
     return fig
+
+
+def _add_neighbourhood(fig: go.Figure, prob, r: Run, step: int, color: str, path: np.ndarray) -> None:
+    region = neighbourhood(prob, r, step)
+    if region is None:
+        return
+    fig.add_trace(
+        go.Scatter(
+            x=region[:, 0],
+            y=region[:, 1],
+            mode="lines",
+            name=f"{r.label} neighbourhood",
+            line=dict(color=color, dash="dot"),
+        )
+    )
+    k = min(step, len(r.trajectory.perturbations) - 1)
+    if k >= 0:
+        w = path[k]
+        e = r.trajectory.perturbations[k].numpy()
+        fig.add_trace(
+            go.Scatter(
+                x=[w[0], w[0] + e[0]],
+                y=[w[1], w[1] + e[1]],
+                mode="lines+markers",
+                name=f"{r.label} probe",
+                line=dict(color=color, width=3),
+                marker=dict(symbol="arrow", angleref="previous", size=10),
+            )
+        )
 
 
 def surface_figure(
     prob: tp.ToyProblem, runs: list[Run], resolution: int = 80, log: bool = False
 ) -> go.Figure:
-    """3-D surface of the loss with each path lifted onto it."""
+    """3-D surface of the loss with each path lifted onto it.
+
+    The axes keep to the plotted box and to the finite range of the loss surface; path points
+    outside (a diverging run) are left out of the drawing rather than stretching the view."""
     xs, ys, z = loss_grid(prob, resolution)
-    zd = log_display(z, log)
+    shift = log_shift(z)
+    zd = log_display(z, log, shift)
+    zr = finite_range(zd)
     fig = go.Figure(
         go.Surface(x=xs, y=ys, z=zd, colorscale="Viridis", opacity=0.9, name="loss", showscale=False)
     )
-    for i, r in enumerate(runs):
-        path = r.trajectory.path.numpy()
-        lz = r.trajectory.losses.numpy()
-        lz = log_display(lz, log) if log else lz
+    (x0, x1), (y0, y1) = prob.bounds
+    for r in runs:
+        color = method_color(r.optimizer)
+        path = r.trajectory.path.numpy().astype(float)
+        lz = log_display(r.trajectory.losses.numpy(), log, shift)
+        inside = (path[:, 0] >= x0) & (path[:, 0] <= x1) & (path[:, 1] >= y0) & (path[:, 1] <= y1)
+        if zr is not None:
+            inside &= np.isfinite(lz) & (lz >= zr[0]) & (lz <= zr[1])
+        px, py, pz = (np.where(inside, v, np.nan) for v in (path[:, 0], path[:, 1], lz))
         fig.add_trace(
             go.Scatter3d(
-                x=path[:, 0],
-                y=path[:, 1],
-                z=lz,
+                x=px,
+                y=py,
+                z=pz,
                 mode="lines+markers",
                 name=r.label,
-                marker=dict(size=2, color=COLORS[i % len(COLORS)]),
-                line=dict(color=COLORS[i % len(COLORS)], width=5),
+                marker=dict(size=2, color=color),
+                line=dict(color=color, width=5),
             )
         )
-    fig.update_layout(
-        height=560,
-        scene=dict(
-            xaxis_title=prob.axis_labels[0],
-            yaxis_title=prob.axis_labels[1],
-            zaxis_title="log10 loss" if log else "loss",
-        ),
-        margin=dict(l=0, r=0, t=30, b=0),
+    scene = dict(
+        xaxis=dict(title=prob.axis_labels[0], range=[x0, x1]),
+        yaxis=dict(title=prob.axis_labels[1], range=[y0, y1]),
+        zaxis=dict(title=loss_label(log, shift)),
     )
+    if zr is not None:
+        scene["zaxis"]["range"] = padded(zr)
+    fig.update_layout(height=600, scene=scene, legend=LEGEND_BELOW, margin=dict(l=0, r=0, t=30, b=80))
     return fig
 
 
-def loss_curves_figure(runs: list[Run]) -> go.Figure:
+def loss_curves_figure(
+    runs: list[Run], log: bool = False, prob: tp.ToyProblem | None = None, resolution: int = 60
+) -> go.Figure:
+    """Loss against step for every run (log10 when ``log``, the same transform as the contour).
+
+    The vertical axis covers the runs' start losses and, with ``prob``, the loss on its plotted
+    grid and at every path point inside the plotted box (without ``prob``: the whole curves of the
+    runs that did not diverge); a curve that explodes runs off the plot instead of flattening it."""
+    ref = [r.trajectory.losses.numpy()[:1] for r in runs]
+    if prob is not None:
+        (x0, x1), (y0, y1) = prob.bounds
+        ref.append(loss_grid(prob, resolution)[2])
+        for r in runs:
+            p = r.trajectory.path.numpy()
+            inside = (p[:, 0] >= x0) & (p[:, 0] <= x1) & (p[:, 1] >= y0) & (p[:, 1] <= y1)
+            ref.append(r.trajectory.losses.numpy()[inside])
+    else:
+        ref += [r.trajectory.losses.numpy() for r in runs if not r.trajectory.diverged]
+    shift = log_shift(np.concatenate([np.ravel(a) for a in ref])) if ref else 0.0
     fig = go.Figure()
-    for i, r in enumerate(runs):
+    for r in runs:
         fig.add_trace(
             go.Scatter(
-                y=r.trajectory.losses.numpy(),
+                y=log_display(r.trajectory.losses.numpy(), log, shift),
                 mode="lines",
                 name=r.label,
-                line=dict(color=COLORS[i % len(COLORS)]),
+                line=dict(color=method_color(r.optimizer)),
             )
         )
-    fig.update_layout(xaxis_title="step", yaxis_title="loss", height=320, margin=dict(l=40, r=20, t=30, b=40))
+    yr = finite_range(*[log_display(a, log, shift) for a in ref]) if ref else None
+    yaxis = dict(title=loss_label(log, shift))
+    if yr is not None:
+        yaxis["range"] = padded(yr)
+    fig.update_layout(
+        xaxis_title="step", yaxis=yaxis, height=380, legend=LEGEND_BELOW, margin=dict(l=50, r=20, t=30, b=110)
+    )
     return fig

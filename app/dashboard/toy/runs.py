@@ -12,6 +12,7 @@ import torch
 
 import toy_problems as tp
 
+from ..layout import fmt, fmt_point
 from .catalogue import OPTIMIZERS, validate_hypers
 
 
@@ -86,20 +87,58 @@ def hessian_summary(prob: tp.ToyProblem, point) -> dict[str, Any]:
     }
 
 
+def run_status(prob: tp.ToyProblem, run_: Run) -> tuple[bool, str]:
+    """``(diverged, status)`` of a run in words.
+
+    Diverged: the runner stopped it (non-finite values, or it left the valid region), or its end
+    lies more than ten plot widths outside the plotted box with a loss above the start's (the
+    iterates explode without overflowing yet). A run that ends outside the box with a lower loss
+    "left the plotted region" (an unbounded problem such as the saddle)."""
+    tr = run_.trajectory
+    if tr.diverged:
+        return True, "diverged: " + tr.message
+    end = tr.path[-1].tolist()
+    loss, start = float(tr.losses[-1]), float(tr.losses[0])
+    if not math.isfinite(loss):
+        return True, f"diverged: the loss at the end point is {fmt(loss)}"
+    (x0, x1), (y0, y1) = prob.bounds
+    dx, dy = max(x0 - end[0], end[0] - x1, 0.0), max(y0 - end[1], end[1] - y1, 0.0)
+    if dx > 0 or dy > 0:
+        if (dx > 10 * (x1 - x0) or dy > 10 * (y1 - y0)) and loss > start:
+            return True, f"diverged: the iterates ran off to {fmt_point(end)}, loss {fmt(loss)}"
+        return False, f"left the plotted region (end {fmt_point(end)}, loss {fmt(loss)})"
+    return False, "ok"
+
+
+def divergence_messages(prob: tp.ToyProblem, runs: list[Run]) -> list[str]:
+    """One sentence per diverged run, with what to change."""
+    out = []
+    for r in runs:
+        diverged, status = run_status(prob, r)
+        if diverged:
+            out.append(f"{r.label} {status}. Lower its learning rate or radius.")
+    return out
+
+
 def end_rows(prob: tp.ToyProblem, runs: list[Run]) -> list[dict[str, Any]]:
-    """One table row per run: where it ended, its final loss and the exact Hessian there."""
+    """One table row per run: its status, where it ended, its final loss and the exact Hessian
+    there (numbers in 4 significant digits; no Hessian for a diverged run)."""
     rows = []
     for r in runs:
-        end = r.trajectory.path[-1].tolist()
-        info = hessian_summary(prob, end) if bool(prob.in_domain(r.trajectory.path[-1])) else None
+        tr = r.trajectory
+        diverged, status = run_status(prob, r)
+        end = tr.path[-1]
+        ok = not diverged and bool(torch.isfinite(end).all()) and bool(prob.in_domain(end))
+        info = hessian_summary(prob, end.tolist()) if ok else None
         rows.append(
             {
                 "optimizer": r.label,
-                "end point": f"({end[0]:.3f}, {end[1]:.3f})",
-                "final loss": float(r.trajectory.losses[-1]),
-                "steps": r.trajectory.steps,
-                "Hessian eigenvalues": ", ".join(f"{v:.3g}" for v in info["eigenvalues"]) if info else "n/a",
-                "Hessian trace": info["trace"] if info else float("nan"),
+                "status": "diverged" if diverged else status.split(" (")[0],
+                "end point": fmt_point(end.tolist()),
+                "final loss": fmt(tr.losses[-1]),
+                "steps": tr.steps,
+                "Hessian eigenvalues": ", ".join(fmt(v, 3) for v in info["eigenvalues"]) if info else "n/a",
+                "Hessian trace": fmt(info["trace"]) if info else "n/a",
             }
         )
     return rows
