@@ -18,10 +18,10 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from optimizers import ASAM, BayesianSAM, FlatSGLD
+from optimizers import ASAM, BayesianSAM, FlatSGLD, VariationalSAM
 from optimizers.bayes.sgld import official_lr, official_noise_std
 from optimizers.bayes.swag import SWAG, bn_update
-from tests.references import make_classification_data, make_cnn_bn
+from tests.references import make_classification_data, make_cnn_bn, make_mlp
 
 DT = torch.float64
 TOL = dict(rtol=1e-10, atol=1e-12)
@@ -337,3 +337,36 @@ def test_swag_collects_once_per_epoch_after_start_epoch():
     assert official.on_epoch_end() and official.n_collected == 1
     with pytest.raises(ValueError, match="give start_epoch=, not start_step="):
         SWAG(torch.optim.SGD(model.parameters(), lr=0.1), collect="epoch", start_step=5)
+
+
+# ------------------------------------------------------------------------------------------ VSAM
+def test_vsam_steps_sigma_not_sigma_squared_and_why():
+    # one step from sigma_0 = rho / sqrt(p) at sigma_lr = 0.01 on a 4-8-3 MLP (p = 67), 40 points
+    x, y = make_classification_data(n=40, d=4, n_classes=3, seed=0)
+    rho, lr, base = 0.05, 0.01, make_mlp((4, 8, 3), seed=0)
+    w = _flat(base)
+    g = _flat_grad(base, x, y, w)
+    p = w.numel()
+    sig0 = rho / math.sqrt(p)
+    quad = (g * g).sum() * sig0**2  # g^T Sigma g
+    readings = {}
+    for n in (40, 50_000):
+        # Alg. 3 as written: gradient step on Sigma,
+        # dJ/dSigma = sqrt(p) g^2 / (2 sqrt(g'Sg)) + 1/(2N) - 1/(2N Sigma)
+        big = sig0**2 - lr * (math.sqrt(p) * g * g / (2 * quad.sqrt()) + 1 / (2 * n) - 1 / (2 * n * sig0**2))
+        # this package: step on sigma, dJ/dsigma = sqrt(p) sigma g^2 / sqrt(g'Sg) + sigma/N - 1/(N sigma)
+        small = sig0 - lr * (math.sqrt(p) * sig0 * g * g / (quad.sqrt() + 1e-12) + sig0 / n - 1 / (n * sig0))
+        small = small.abs()
+        model = make_mlp((4, 8, 3), seed=0)
+        opt = VariationalSAM(model.parameters(), torch.optim.SGD, rho=rho, num_data=n, sigma_lr=lr, lr=0.0)
+        opt.step(lambda o=opt, m=model: _ce_closure(o, m, x, y))
+        got = torch.cat([s.reshape(-1) for s in opt.posterior_std().values()])
+        torch.testing.assert_close(got, small, **TOL)
+        readings[n] = (big, small)
+    assert p == 67
+    big40, small40 = readings[40]
+    big50k, small50k = readings[50_000]
+    assert float(big40.sqrt().mean()) == pytest.approx(1.82, abs=0.005)  # sigma jumps 300-fold
+    assert float(small40.mean()) == pytest.approx(0.0467, abs=5e-5)
+    assert int((big50k < 0).sum()) == 48 and float(big50k.min()) == pytest.approx(-0.302, abs=5e-4)
+    assert float(small50k.mean()) == pytest.approx(0.00576, abs=5e-6) and float(small50k.min()) > 0
