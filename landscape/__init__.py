@@ -34,7 +34,17 @@ from landscape.curvature import (
 from landscape.objective import Objective
 from landscape.results import Result, load_result
 from landscape.sharpness import MEASURES, SharpnessResult, sharpness, sharpness_report
-from landscape.surface import Surface, directions, load_surface, surface, trajectory
+from landscape.surface import (
+    PathResult,
+    Surface,
+    directions,
+    evaluate_path,
+    fit_curve,
+    interpolate,
+    load_surface,
+    surface,
+    trajectory,
+)
 
 __all__ = [
     "MEASURES",
@@ -43,6 +53,7 @@ __all__ = [
     "DiagonalResult",
     "EigenResult",
     "Objective",
+    "PathResult",
     "Result",
     "SharpnessResult",
     "Surface",
@@ -51,6 +62,9 @@ __all__ = [
     "diagonal",
     "directions",
     "eigenvalues",
+    "evaluate_path",
+    "fit_curve",
+    "interpolate",
     "empirical_fisher",
     "fisher",
     "ggn",
