@@ -1,0 +1,3 @@
+from experiments.cli import main
+
+raise SystemExit(main())

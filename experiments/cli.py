@@ -1,0 +1,161 @@
+"""``python -m experiments run CONFIG [key=value ...]`` and ``python -m experiments table RUN_DIRS...``.
+
+Every failure ends in one ``error: <what> — <how to fix>`` line on stderr (``--debug`` adds the
+traceback) and an exit status: 2 for a bad command line or configuration (unknown key, method or
+model, wrong type), 1 for a failure while running (missing data directory, divergence), 130 / 143
+when interrupted (Ctrl-C / SIGTERM; the epochs completed so far are checkpointed and the same
+command resumes).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from landscape.cli_common import CliError, Parser, Terminated, UsageError, add_debug_option, note, run_cli
+
+__all__ = ["main"]
+
+
+def _parser() -> Parser:
+    parser = Parser(
+        prog="python -m experiments",
+        description="Run the experiments of a TOML config and tabulate their results.",
+    )
+    add_debug_option(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="train and evaluate every run of a config (resumable)")
+    run.add_argument("config", help="TOML config file (see configs/)")
+    run.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted overrides, e.g. train.epochs=3 seeds=[0,1] budget=0.05 "
+        "methods.sam.hyperparameters.rho=0.1",
+    )
+    run.add_argument(
+        "--dry-run", action="store_true", help="print the resolved config and the run directories"
+    )
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_debug_option(run)
+    table = sub.add_parser("table", help="mean ± std over seeds per method and metric")
+    table.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or directories above them")
+    table.add_argument("--format", choices=("markdown", "csv", "json"), default="markdown")
+    table.add_argument("--out", help="write the table to this file (atomically) instead of stdout")
+    table.add_argument("--plot", help="also write a bar chart with error bars (PNG)")
+    table.add_argument("--metrics", help="comma-separated metrics to show (default: all)")
+    add_debug_option(table)
+    return parser
+
+
+def _run(args: Any) -> int:
+    from experiments.config import ConfigError, load_config
+    from experiments.parallel import from_environment
+    from experiments.runner import plan_runs, resolve_device, run_one, validate
+    from experiments.table import aggregate, format_table
+    from experiments.toml_writer import dumps
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        runs = plan_runs(cfg)
+        validate(runs)
+    except FileNotFoundError as exc:
+        raise UsageError(
+            str(exc), "give the path of a TOML config, e.g. configs/digits_sam_vs_sgd.toml"
+        ) from None
+    except ConfigError as exc:
+        raise UsageError(str(exc), "fix the config file or the key=value override") from None
+    if args.dry_run:
+        print(dumps(cfg), end="")
+        for r in runs:
+            print(f"# run: {r.run_dir}")
+        return 0
+    try:
+        device = resolve_device(cfg["device"])
+    except ValueError as exc:
+        raise UsageError(str(exc), 'set device = "auto", "cpu" or "cuda"') from None
+    if cfg["threads"]:
+        import torch
+
+        torch.set_num_threads(cfg["threads"])
+    ctx = from_environment(cfg["distributed"], device)
+    mine = ctx.my_runs(runs)
+    progress = cfg["progress"] and not args.no_progress
+    rows = []
+    try:
+        for i, r in enumerate(mine, 1):
+            if ctx.is_main:
+                note(f"run {i}/{len(mine)}: {r.run_dir}")
+            metrics = run_one(r, device=device, ctx=ctx, progress=progress)
+            rows.append(
+                {"method": r.method, "seed": r.seed, "variant": r.variant, "_dir": str(r.run_dir), **metrics}
+            )
+    except ConfigError as exc:
+        raise UsageError(str(exc), "fix the config file or the key=value override") from None
+    except Terminated:
+        raise CliError(
+            "terminated by SIGTERM",
+            "the epochs completed so far are checkpointed; run the same command again to resume",
+            status=143,
+        ) from None
+    except KeyboardInterrupt:
+        raise CliError(
+            "interrupted (Ctrl-C)",
+            "the epochs completed so far are checkpointed; run the same command again to resume",
+            status=130,
+        ) from None
+    finally:
+        ctx.close()
+    if ctx.is_main and rows:
+        shown = [
+            k for k in rows[0] if k not in ("method", "seed", "variant", "_dir") and not k.startswith("c10c_")
+        ]
+        print(format_table(aggregate(rows, shown[:8])), end="")
+    return 0
+
+
+def _table(args: Any) -> int:
+    from experiments.table import aggregate, collect_runs, format_table, plot_table, write_text
+
+    try:
+        rows = collect_runs(args.runs)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc), "give run directories written by `python -m experiments run`") from None
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    if metrics:
+        known = {k for r in rows for k in r if not k.startswith("_")}
+        bad = [m for m in metrics if m not in known]
+        if bad:
+            raise UsageError(
+                f"--metrics: unknown metric(s) {bad}",
+                f"choose among {sorted(known - {'method', 'seed', 'variant'})}",
+            )
+    entries = aggregate(rows, metrics)
+    text = format_table(entries, args.format)
+    if args.out:
+        write_text(args.out, text)
+        note(f"table written to {args.out}")
+    else:
+        print(text, end="")
+    if args.plot:
+        plot_table(entries, args.plot, metrics)
+        note(f"figure written to {args.plot}")
+    return 0
+
+
+def _main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "table":
+        return _table(args)
+    parser.print_help()
+    print("error: no command given — choose one of: run, table", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; returns 0, or raises ``SystemExit`` with the status after one error line."""
+    return run_cli(_main, argv)

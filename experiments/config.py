@@ -1,0 +1,402 @@
+"""Experiment configurations: TOML files, dotted ``key=value`` overrides, defaults and checks.
+
+A configuration is a nested dict read with Python's :mod:`tomllib`, merged over :data:`DEFAULTS`
+and checked: every key must be known (a misspelt key raises :class:`ConfigError` naming it and the
+closest known key), every value must have the default's type (an int is accepted where a float is
+expected) and every choice must be one of the allowed ones. Free-form tables (``model.kwargs``,
+``data.kwargs``, ``methods[i].hyperparameters``, ``paper``, ...) are passed on unchecked.
+
+Overrides are Hydra-style ``key=value`` strings: ``train.epochs=3``, ``seeds=[0,1]``,
+``data.name=cifar10:/data/cifar10``, ``methods.sam.hyperparameters.rho=0.1`` (a method is addressed
+by its ``name`` or its index). The value is parsed as a TOML value (``3`` an int, ``0.5`` a float,
+``true`` a bool, ``[1, 2]`` a list, ``{a = 1}`` a table, ``"x"`` a string) and, when it is not
+valid TOML, kept as the bare string.
+
+``budget`` (a number in (0, 1]) shortens a run: epochs, step-schedule milestones, warm-up and the
+sizes of the training, test, OOD and corruption sets are multiplied by it (rounded up; at least one
+epoch, one batch of training data and 100 test examples), so ``budget=0.05`` is a quick version of
+a paper's protocol.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+__all__ = [
+    "CHOICES",
+    "DEFAULTS",
+    "ConfigError",
+    "apply_budget",
+    "apply_overrides",
+    "load_config",
+    "parse_override",
+    "resolve_config",
+]
+
+
+class ConfigError(ValueError):
+    """A bad configuration file, key or value; the message names the key and the fix."""
+
+
+#: Every known key with its default value (the default also fixes the type).
+DEFAULTS: dict[str, Any] = {
+    "name": "",
+    "seeds": [0],
+    "budget": 1.0,
+    "device": "auto",
+    "threads": 0,
+    "precision": "float32",
+    "out_dir": "runs",
+    "progress": True,
+    "data": {
+        "name": "digits",
+        "kwargs": {},
+        "train_split": "train",
+        "test_split": "test",
+        "limit_train": 0,
+        "limit_test": 0,
+        "augmentation": "none",
+        "crop_padding": 4,
+        "label_noise": 0.0,
+        "label_noise_mode": "flip",
+        "label_noise_seed": -1,
+        "num_data_factor": 1.0,
+    },
+    "model": {"name": "mlp", "kwargs": {}},
+    "train": {
+        "epochs": 10,
+        "batch_size": 128,
+        "lr": 0.1,
+        "schedule": "cosine",
+        "milestones": [],
+        "gamma": 0.1,
+        "warmup_epochs": 0.0,
+        "label_smoothing": 0.0,
+        "drop_last": False,
+        "optimizer_defaults": {},
+    },
+    "methods": [],
+    "evaluation": {
+        "metrics": ["accuracy", "nll", "ece", "brier", "auroc_misclassification"],
+        "n_bins": 20,
+        "batch_size": 1000,
+        "every": 1,
+        "bma_samples": 32,
+        "ood": "",
+        "ood_kwargs": {},
+        "corruptions": "",
+        "corruption_names": [],
+        "severities": [1, 2, 3, 4, 5],
+        "corruption_bma": False,
+        "sharpness": ["lambda_max", "hessian_trace", "worst_case_adaptive"],
+        "sharpness_subset": 512,
+        "sharpness_options": {},
+    },
+    "distributed": {"mode": "grid", "perturbation": "global", "backend": "auto"},
+    "sweep": {},
+    "paper": {},
+}
+
+#: Keys whose value must be one of a fixed set.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "precision": ("float32", "float64", "bf16", "fp16"),
+    "data.augmentation": ("none", "flip", "crop_flip"),
+    "data.label_noise_mode": ("flip", "uniform"),
+    "train.schedule": ("cosine", "step", "constant"),
+    "distributed.mode": ("grid", "data_parallel"),
+    "distributed.perturbation": ("global", "local"),
+    "distributed.backend": ("auto", "gloo", "nccl"),
+}
+
+#: Tables whose content is passed on unchecked.
+FREE_FORM = {
+    "data.kwargs",
+    "model.kwargs",
+    "train.optimizer_defaults",
+    "evaluation.ood_kwargs",
+    "evaluation.sharpness_options",
+    "sweep",
+    "paper",
+}
+
+#: Keys of one entry of ``methods``.
+METHOD_KEYS: dict[str, Any] = {"name": "", "optimizer": "", "hyperparameters": {}, "swag": {}}
+SWAG_KEYS: dict[str, Any] = {"rank": 20, "start_epoch": 0, "diag_only": False, "samples": 30, "scale": 1.0}
+
+_TYPE_NAMES = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "a table",
+}
+
+
+# --------------------------------------------------------------------------------------- loading
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Read the TOML file ``path``, apply ``overrides`` (``key=value`` strings) and resolve it.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ConfigError: invalid TOML, an unknown key, a value of the wrong type or out of range.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"config file {path} does not exist"
+            if not path.is_dir()
+            else f"config {path} is a directory; give a .toml file"
+        )
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text; a config is a TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    if not raw.get("name"):
+        raw["name"] = path.stem
+    raw = apply_overrides(raw, overrides)
+    return resolve_config(raw)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"a.b=1"`` -> ``(["a", "b"], 1)``; the value is read as TOML, else kept as a string."""
+    if not isinstance(text, str) or "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key=value (e.g. train.epochs=3)")
+    key, _, value = text.partition("=")
+    key = key.strip().lstrip("+")
+    parts = key.split(".")
+    if not key or any(not p for p in parts):
+        raise ConfigError(f"override {text!r}: the key {key!r} is empty or has an empty part")
+    value = value.strip()
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return parts, parsed
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """A copy of ``raw`` with every ``key=value`` override applied (tables created as needed)."""
+    out = copy.deepcopy(dict(raw))
+    for text in overrides:
+        parts, value = parse_override(text)
+        node: Any = out
+        for i, part in enumerate(parts[:-1]):
+            node = _child(node, part, parts[: i + 1], text, create=True)
+        last = parts[-1]
+        if isinstance(node, list):
+            node[_method_index(node, last, text)] = value
+        else:
+            node[last] = value
+    return out
+
+
+def _method_index(items: list, part: str, text: str) -> int:
+    if part.lstrip("-").isdigit():
+        i = int(part)
+        if not -len(items) <= i < len(items):
+            raise ConfigError(
+                f"override {text!r}: index {i} out of range (the list has {len(items)} entries)"
+            )
+        return i
+    names = [m.get("name") if isinstance(m, dict) else None for m in items]
+    if part in names:
+        return names.index(part)
+    raise ConfigError(
+        f"override {text!r}: no method named {part!r}; methods: {[n for n in names if n]} (or use an index)"
+    )
+
+
+def _child(node: Any, part: str, path: list[str], text: str, create: bool) -> Any:
+    if isinstance(node, list):
+        return node[_method_index(node, part, text)]
+    if not isinstance(node, dict):
+        raise ConfigError(f"override {text!r}: {'.'.join(path[:-1])} is not a table")
+    if part not in node and create:
+        node[part] = {}
+    return node[part]
+
+
+# ------------------------------------------------------------------------------------- checking
+def _close(key: str, known: Iterable[str]) -> str:
+    match = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {match[0]!r}?)" if match else f"; known keys: {', '.join(sorted(known))}"
+
+
+def _check_type(where: str, value: Any, default: Any) -> Any:
+    want = type(default)
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
+        raise ConfigError(
+            f"config key {where} must be {_TYPE_NAMES.get(want, want.__name__)}, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    if want is float and not math.isfinite(value):
+        raise ConfigError(f"config key {where} must be finite, got {value!r}")
+    return value
+
+
+def _merge(where: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in given:
+        if key not in defaults:
+            name = f"{where}.{key}" if where else key
+            raise ConfigError(f"unknown config key {name!r}{_close(key, defaults)}")
+    for key, default in defaults.items():
+        name = f"{where}.{key}" if where else key
+        if key not in given:
+            out[key] = copy.deepcopy(default)
+            continue
+        value = given[key]
+        if name in FREE_FORM or key in ("methods", "hyperparameters") or (key == "swag" and where):
+            out[key] = copy.deepcopy(value)
+            if key != "methods":
+                _check_type(name, value, default)
+        elif isinstance(default, dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {name} must be a table ([{name}]), got {value!r}")
+            out[key] = _merge(name, value, default)
+        else:
+            out[key] = _check_type(name, value, default)
+        if name in CHOICES and out[key] not in CHOICES[name]:
+            raise ConfigError(f"config key {name} must be one of {list(CHOICES[name])}, got {out[key]!r}")
+    return out
+
+
+def _check_methods(methods: Any) -> list[dict[str, Any]]:
+    if not isinstance(methods, list) or not methods:
+        raise ConfigError(
+            "the config names no methods: add at least one [[methods]] table with name, optimizer and "
+            'hyperparameters (e.g. name = "sgd", optimizer = "sgd")'
+        )
+    out, seen = [], set()
+    for i, m in enumerate(methods):
+        if not isinstance(m, dict):
+            raise ConfigError(
+                f"methods[{i}] must be a table with name, optimizer, hyperparameters; got {m!r}"
+            )
+        m = _merge(f"methods[{i}]", m, METHOD_KEYS)
+        if not m["optimizer"]:
+            raise ConfigError(f'methods[{i}] has no optimizer; write optimizer = "sgd" (or sam, bsam, ...)')
+        m["name"] = m["name"] or m["optimizer"]
+        if m["name"] in seen:
+            raise ConfigError(f"two methods are named {m['name']!r}; give each method a distinct name")
+        seen.add(m["name"])
+        if m["swag"]:
+            m["swag"] = _merge(f"methods[{i}].swag", m["swag"], SWAG_KEYS)
+        out.append(m)
+    return out
+
+
+def _check_numbers(cfg: dict[str, Any]) -> None:
+    seeds = cfg["seeds"]
+    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
+        raise ConfigError(f"seeds must be a non-empty list of integers >= 0, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"seeds has repeated entries: {seeds!r}")
+    if cfg["threads"] < 0:
+        raise ConfigError(f"threads must be >= 0 (0 = torch's default), got {cfg['threads']!r}")
+    if not 0.0 < cfg["budget"] <= 1.0:
+        raise ConfigError(f"budget must lie in (0, 1] (1 = the full protocol), got {cfg['budget']!r}")
+    t, d, e = cfg["train"], cfg["data"], cfg["evaluation"]
+    for where, value, lo in (
+        ("train.epochs", t["epochs"], 1),
+        ("train.batch_size", t["batch_size"], 1),
+        ("evaluation.batch_size", e["batch_size"], 1),
+        ("evaluation.n_bins", e["n_bins"], 1),
+        ("evaluation.bma_samples", e["bma_samples"], 1),
+        ("evaluation.every", e["every"], 0),
+        ("evaluation.sharpness_subset", e["sharpness_subset"], 1),
+        ("data.limit_train", d["limit_train"], 0),
+        ("data.limit_test", d["limit_test"], 0),
+        ("data.crop_padding", d["crop_padding"], 0),
+    ):
+        if value < lo:
+            raise ConfigError(f"config key {where} must be >= {lo}, got {value!r}")
+    if not 0.0 <= d["label_noise"] < 1.0:
+        raise ConfigError(
+            f"data.label_noise must lie in [0, 1) (a fraction of labels), got {d['label_noise']}"
+        )
+    if not 0.0 <= t["label_smoothing"] < 1.0:
+        raise ConfigError(f"train.label_smoothing must lie in [0, 1), got {t['label_smoothing']}")
+    if t["lr"] < 0 or t["warmup_epochs"] < 0 or t["gamma"] <= 0 or d["num_data_factor"] <= 0:
+        raise ConfigError(
+            "train.lr and train.warmup_epochs must be >= 0, train.gamma and data.num_data_factor > 0"
+        )
+    if any(isinstance(m, bool) or not isinstance(m, (int, float)) or m <= 0 for m in t["milestones"]):
+        raise ConfigError(f"train.milestones must list epochs > 0, got {t['milestones']!r}")
+    if t["schedule"] == "step" and not t["milestones"]:
+        raise ConfigError('train.schedule = "step" needs train.milestones (epochs at which lr *= gamma)')
+    if any(s not in (1, 2, 3, 4, 5) for s in e["severities"]):
+        raise ConfigError(f"evaluation.severities must be among 1..5, got {e['severities']!r}")
+
+
+def _check_sweep(cfg: dict[str, Any]) -> None:
+    for key, values in cfg["sweep"].items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep.{key} must be a non-empty list of values, got {values!r}")
+        parts = key.split(".")
+        node: Any = DEFAULTS
+        for i, part in enumerate(parts):
+            if ".".join(parts[:i]) in FREE_FORM:
+                break
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(
+                    f"sweep key {key!r} is not a config key"
+                    + _close(part, node if isinstance(node, dict) else {})
+                )
+            node = node[part]
+
+
+def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``raw`` over :data:`DEFAULTS`, check every key and value; returns a new dict."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"a config is a TOML table, got {type(raw).__name__}")
+    cfg = _merge("", raw, DEFAULTS)
+    cfg["methods"] = _check_methods(cfg["methods"])
+    _check_numbers(cfg)
+    _check_sweep(cfg)
+    if not cfg["name"]:
+        cfg["name"] = "experiment"
+    return cfg
+
+
+# --------------------------------------------------------------------------------------- budget
+def apply_budget(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``cfg`` shortened by ``cfg["budget"]`` (see module docstring); ``budget = 1`` is a no-op.
+
+    Only the epoch-based values change here; data sizes are scaled where the data are loaded
+    (:func:`data_limit`).
+    """
+    out = copy.deepcopy(dict(cfg))
+    b = float(out["budget"])
+    if b >= 1.0:
+        return out
+    t = out["train"]
+    full_epochs = t["epochs"]
+    t["epochs"] = max(1, math.ceil(full_epochs * b))
+    ratio = t["epochs"] / full_epochs
+    t["milestones"] = [m * ratio for m in t["milestones"]]
+    t["warmup_epochs"] = t["warmup_epochs"] * ratio
+    for m in out["methods"]:
+        if m["swag"]:
+            m["swag"]["start_epoch"] = min(t["epochs"] - 1, math.floor(m["swag"]["start_epoch"] * ratio))
+    return out
+
+
+def data_limit(n: int, limit: int, budget: float, minimum: int = 1) -> int:
+    """How many of ``n`` examples a run uses: ``limit`` (0 = all), then scaled by ``budget``."""
+    k = n if limit <= 0 else min(n, limit)
+    if budget < 1.0:
+        k = min(k, max(minimum, math.ceil(k * budget)))
+    return k

@@ -1,0 +1,197 @@
+"""Optimizers by name: the ``optimizer`` of a ``[[methods]]`` entry and its hyperparameters.
+
+A name is looked up in :data:`ALIASES` (``sgd``, ``sam``, ``bsam``, ...), then as a class or
+function of :mod:`optimizers` or :mod:`torch.optim` (``"SAM"``, ``"RMSprop"``). Arguments the run
+knows are filled in when the constructor takes them: ``model`` (BatchNorm handling of the SAM
+family), ``num_data`` / ``ess`` (the training-set size times ``data.num_data_factor``) and ``seed``.
+``base_optimizer = "sgd"`` (a name) becomes the ``torch.optim`` class. ``train.lr`` is the learning
+rate unless the method gives its own; ``train.optimizer_defaults`` (e.g. momentum, weight decay) are
+passed to every optimizer that accepts them. A hyperparameter the optimizer does not accept is an
+error naming the accepted ones.
+
+With a ``swag`` table, the optimizer is wrapped in :class:`optimizers.SWAG`, which collects the
+weights once per epoch from ``start_epoch`` on (Maddox et al. 2019, Alg. 1); a SAM inside gives
+F-SWAG (Nguyen et al. 2023).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+import optimizers as opt_pkg
+from experiments.config import ConfigError
+
+__all__ = ["ALIASES", "available_methods", "build_optimizer", "check_method", "resolve_optimizer"]
+
+#: Short names of the optimizers a config may use.
+ALIASES: dict[str, str] = {
+    "sgd": "torch.optim.SGD",
+    "adam": "torch.optim.Adam",
+    "adamw": "torch.optim.AdamW",
+    "sam": "SAM",
+    "asam": "ASAM",
+    "fsam": "FisherSAM",
+    "fisher_sam": "FisherSAM",
+    "rsam": "RandomSAM",
+    "random_sam": "RandomSAM",
+    "mixsam": "MixSAM",
+    "vsam": "VariationalSAM",
+    "variational_sam": "VariationalSAM",
+    "bsam": "BayesianSAM",
+    "mfvi": "MFVI",
+    "ivon": "IVON",
+    "gtracer": "SGDTracer",
+    "sgd_tracer": "SGDTracer",
+    "adam_tracer": "AdamTracer",
+    "fsgld": "FlatSGLD",
+    "flat_sgld": "FlatSGLD",
+    "f_swag": "f_swag",
+}
+
+_INJECTED = ("params", "model", "num_data", "ess", "seed", "generator")
+#: Optimizers whose closure contract differs from "zero_grad, forward, backward, return loss".
+_UNSUPPORTED = {
+    "VOGN": "its closure returns per-example losses",
+    "FlatSGVB": "it needs Bayesian layers",
+    "DeepEnsemble": "it trains several models",
+    "SWAG": "use a swag table on a method instead",
+}
+
+
+def available_methods() -> list[str]:
+    return sorted(ALIASES)
+
+
+def resolve_optimizer(name: str) -> Callable[..., Any]:
+    """The constructor a config's optimizer ``name`` refers to (see module docstring)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"optimizer must be a name such as 'sgd' or 'sam', got {name!r}")
+    target = ALIASES.get(name.lower(), name)
+    if target in _UNSUPPORTED:
+        raise ConfigError(
+            f"optimizer {name!r} is not supported by the experiment runner: {_UNSUPPORTED[target]}"
+        )
+    if target.startswith("torch.optim."):
+        return getattr(torch.optim, target.rsplit(".", 1)[1])
+    for where in (opt_pkg, torch.optim):
+        obj = getattr(where, target, None)
+        if callable(obj) and (not isinstance(obj, type) or issubclass(obj, torch.optim.Optimizer)):
+            return obj
+    raise ConfigError(
+        f"unknown optimizer {name!r}; available: {', '.join(available_methods())} (or a class name of "
+        "optimizers / torch.optim)"
+    )
+
+
+def _base_class(value: Any) -> Any:
+    if isinstance(value, str):
+        cls = resolve_optimizer(value)
+        if not (isinstance(cls, type) and cls.__module__.startswith("torch.optim")):
+            raise ConfigError(
+                f"base_optimizer must name a torch.optim optimizer (sgd, adam, ...), got {value!r}"
+            )
+        return cls
+    return value
+
+
+def _accepted(fn: Callable[..., Any], hyper: dict[str, Any]) -> tuple[set[str], bool]:
+    """Names ``fn`` accepts (its own and, through ``**kwargs``, its base optimizer's) and whether
+    any name is accepted (a ``**kwargs`` we cannot resolve)."""
+    sig = inspect.signature(fn)
+    names = {n for n, p in sig.parameters.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    var_kw = next((p.name for p in sig.parameters.values() if p.kind == p.VAR_KEYWORD), None)
+    if var_kw is None:
+        return names, False
+    base = None
+    if "base_optimizer" in sig.parameters:
+        base = _base_class(hyper.get("base_optimizer", sig.parameters["base_optimizer"].default))
+    elif var_kw.startswith("sgd"):
+        base = torch.optim.SGD
+    elif var_kw.startswith("adam"):
+        base = torch.optim.Adam
+    if not isinstance(base, type):
+        return names, True
+    base_names = {
+        n for n, p in inspect.signature(base).parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD
+    }
+    return names | base_names, False
+
+
+def check_method(method: dict[str, Any]) -> tuple[Callable[..., Any], set[str], bool]:
+    """Resolve ``method["optimizer"]`` and check its hyperparameter names; returns ``(constructor,
+    accepted names, accepts anything)``. Raises :class:`ConfigError`."""
+    fn = resolve_optimizer(method["optimizer"])
+    hyper = dict(method["hyperparameters"])
+    accepted, anything = _accepted(fn, hyper)
+    bad = [k for k in hyper if k in _INJECTED or (not anything and k not in accepted)]
+    if bad:
+        shown = sorted(accepted - set(_INJECTED))
+        raise ConfigError(
+            f"method {method['name']!r}: optimizer {method['optimizer']!r} does not accept {bad}; it takes "
+            f"{shown} (model, num_data and seed are filled in by the runner)"
+        )
+    return fn, accepted, anything
+
+
+def build_optimizer(
+    method: dict[str, Any],
+    model: nn.Module,
+    *,
+    train_cfg: dict[str, Any],
+    num_data: int,
+    seed: int,
+    steps_per_epoch: int,
+) -> tuple[Any, dict[str, Any]]:
+    """Construct the optimizer of ``method`` for ``model``; returns ``(optimizer, arguments used)``.
+
+    Raises:
+        ConfigError: unknown optimizer, a hyperparameter it does not accept, or a constructor that
+            rejects a value (the message names the method).
+    """
+    fn, accepted, anything = check_method(method)
+    hyper = dict(method["hyperparameters"])
+    kwargs: dict[str, Any] = {}
+    for k, v in train_cfg["optimizer_defaults"].items():
+        if anything or k in accepted:
+            kwargs[k] = v
+    if "lr" in accepted or anything:
+        kwargs["lr"] = train_cfg["lr"]
+    kwargs.update(hyper)
+    if "base_optimizer" in kwargs:
+        kwargs["base_optimizer"] = _base_class(kwargs["base_optimizer"])
+    extra: dict[str, Any] = {}
+    if "model" in accepted:
+        extra["model"] = model
+    if "num_data" in accepted:
+        extra["num_data"] = int(num_data)
+    if "ess" in accepted:
+        extra["ess"] = float(num_data)
+    if "seed" in accepted:
+        extra["seed"] = int(seed)
+    try:
+        opt = fn(model.parameters(), **kwargs, **extra)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"method {method['name']!r} ({method['optimizer']}): {exc}") from None
+    if method["swag"]:
+        s = method["swag"]
+        opt = opt_pkg.SWAG(
+            opt,
+            rank=s["rank"],
+            collect_every=steps_per_epoch,
+            start_step=s["start_epoch"] * steps_per_epoch,
+            diag_only=s["diag_only"],
+            seed=int(seed),
+        )
+    used = {k: (v.__name__ if isinstance(v, type) else v) for k, v in kwargs.items()}
+    used.update({k: v for k, v in extra.items() if k != "model"})
+    return opt, used
+
+
+def inner_optimizer(opt: Any) -> torch.optim.Optimizer:
+    """The ``torch.optim.Optimizer`` whose param groups carry the learning rate (unwraps SWAG)."""
+    return opt.optimizer if isinstance(opt, opt_pkg.SWAG) else opt

@@ -1,0 +1,301 @@
+"""The grid of an experiment (sweep variants x methods x seeds) and the files of each run.
+
+Each run has a directory ``<out_dir>/<name>/[<variant>/]<method>/seed<k>/`` holding
+
+* ``config.toml``: the run's resolved configuration (one method, one seed, the variant's values
+  applied; ``python -m experiments run <dir>/config.toml`` repeats exactly this run),
+* ``environment.json``: Python / torch / numpy versions, device, seed, git commit, host name,
+* ``noisy_labels.npz`` (with label noise): the clean and noisy training labels,
+* ``checkpoint.pt``, ``log.jsonl``, ``log.csv`` (and ``tensorboard/``) while and after training,
+* ``metrics.json`` (the flat row of the results table) and ``results.json`` (a :class:`RunResult`:
+  every metric, the CIFAR-10-C table, the sharpness rows, the history, the environment).
+
+A run whose ``results.json`` records the same configuration is skipped; one with a checkpoint
+resumes from it; a checkpoint of another configuration is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import itertools
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from experiments.checkpoint import check_checkpoint
+from experiments.config import resolve_config
+from experiments.parallel import DistContext
+from experiments.toml_writer import dumps
+from landscape.io import atomic_write, atomic_write_json, atomic_write_text, read_json
+from landscape.results import Result
+
+__all__ = ["Run", "RunResult", "environment", "plan_runs", "run_one", "validate"]
+
+_NOT_SEMANTIC = ("progress", "out_dir", "device", "threads", "paper", "name")
+_EVAL_ONLY = ("evaluation",)
+
+
+@dataclass
+class RunResult(Result):
+    """Everything one run produced (see the module docstring)."""
+
+    method: str = ""
+    seed: int = 0
+    variant: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    history: list[Any] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    optimizer_arguments: dict[str, Any] = field(default_factory=dict)
+    effective: dict[str, Any] = field(default_factory=dict)
+    fingerprint: str = ""
+
+    kind: ClassVar[str] = "experiment_run"
+
+
+@dataclass
+class Run:
+    """One cell of the grid."""
+
+    variant: str
+    method: str
+    seed: int
+    cfg: dict[str, Any]
+    run_dir: Path
+
+
+def _set_path(cfg: dict[str, Any], key: str, value: Any) -> None:
+    node = cfg
+    parts = key.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+
+
+def _fmt(v: Any) -> str:
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def plan_runs(cfg: dict[str, Any]) -> list[Run]:
+    """Every run of the grid, in a fixed order (variants, then methods, then seeds)."""
+    sweep = cfg["sweep"]
+    keys = list(sweep)
+    combos = list(itertools.product(*(sweep[k] for k in keys))) if keys else [()]
+    root = Path(cfg["out_dir"]) / cfg["name"]
+    runs: list[Run] = []
+    for combo in combos:
+        variant = ",".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in zip(keys, combo))
+        base = copy.deepcopy(cfg)
+        base["sweep"] = {}
+        for k, v in zip(keys, combo):
+            _set_path(base, k, v)
+        for method in cfg["methods"]:
+            for seed in cfg["seeds"]:
+                one = copy.deepcopy(base)
+                one["methods"], one["seeds"] = [copy.deepcopy(method)], [seed]
+                one = resolve_config(one)
+                d = root / variant if variant else root
+                runs.append(Run(variant, method["name"], seed, one, d / method["name"] / f"seed{seed}"))
+    return runs
+
+
+def validate(runs: list[Run]) -> None:
+    """Check what can be checked before any training: optimizers, models and sharpness measures
+    exist (raises :class:`experiments.config.ConfigError` naming the problem)."""
+    from experiments.config import ConfigError
+    from experiments.evaluate import sharpness_measures
+    from experiments.methods import check_method
+    from landscape.models import available_models
+
+    for run in runs:
+        check_method(run.cfg["methods"][0])
+        name = run.cfg["model"]["name"]
+        if name not in available_models():
+            raise ConfigError(
+                f"model.name {name!r} is not a registered model; available: {', '.join(available_models())}"
+            )
+        try:
+            sharpness_measures(run.cfg)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def fingerprint(cfg: dict[str, Any], *, training_only: bool) -> str:
+    skip = _NOT_SEMANTIC + (_EVAL_ONLY if training_only else ())
+    keep = {k: v for k, v in cfg.items() if k not in skip}
+    text = json.dumps(keep, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _git_commit() -> dict[str, Any]:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None}
+    if head.returncode != 0:
+        return {"git_commit": None}
+    return {"git_commit": head.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+
+
+def environment(device: torch.device, seed: int, ctx: DistContext) -> dict[str, Any]:
+    """Versions, device, seed, git commit and host of a run."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "cuda": torch.version.cuda,
+        "seed": seed,
+        "world_size": ctx.world,
+        "rank": ctx.rank,
+        "distributed_mode": ctx.mode,
+        "command": [sys.executable, *sys.argv],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "threads": torch.get_num_threads(),
+    }
+    env.update(_git_commit())
+    return env
+
+
+def _save_noise(run_dir: Path, data: Any) -> None:
+    if not data.noise:
+        return
+
+    def write(p: Path) -> None:
+        with open(p, "wb") as fh:
+            buf = io.BytesIO()
+            np.savez_compressed(
+                buf,
+                clean=data.y_train_clean.numpy(),
+                noisy=data.y_train.numpy(),
+                train_indices=data.train_indices.numpy(),
+            )
+            fh.write(buf.getvalue())
+
+    atomic_write(run_dir / "noisy_labels.npz", write)
+
+
+def completed(run: Run) -> dict[str, Any] | None:
+    """The metrics of a finished run with this configuration, or ``None``."""
+    path = run.run_dir / "results.json"
+    if not path.is_file():
+        return None
+    try:
+        d = read_json(path, what="results file")
+    except ValueError:
+        return None
+    if isinstance(d, dict) and d.get("fingerprint") == fingerprint(run.cfg, training_only=False):
+        return d.get("metrics")
+    return None
+
+
+def run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool = False) -> dict[str, Any]:
+    """Train (or resume) and evaluate one run; returns its metrics row."""
+    from experiments.evaluate import evaluate_run
+    from experiments.train import Trainer
+
+    done = completed(run)
+    if done is not None:
+        return done
+    t0 = time.perf_counter()
+    check_checkpoint(run.run_dir / "checkpoint.pt", fingerprint(run.cfg, training_only=True))
+    if ctx.is_main:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run.run_dir / "config.toml", dumps(run.cfg))
+    trainer = Trainer(
+        run.cfg,
+        run.run_dir,
+        seed=run.seed,
+        device=device,
+        ctx=ctx,
+        progress=progress,
+        fingerprint=fingerprint(run.cfg, training_only=True),
+    )
+    env = environment(device, run.seed, ctx)
+    if ctx.is_main:
+        atomic_write_json(run.run_dir / "environment.json", env)
+        _save_noise(run.run_dir, trainer.data)
+    trainer.fit()
+    metrics: dict[str, Any] = {}
+    if ctx.is_main:
+        metrics, details = evaluate_run(
+            trainer.model,
+            trainer.opt,
+            trainer.data,
+            trainer.cfg,
+            seed=run.seed,
+            device=device,
+            progress=progress,
+        )
+        if trainer.data.noise:
+            details["label_noise"] = trainer.data.noise
+        effective = {
+            "epochs": trainer.cfg["train"]["epochs"],
+            "n_train": trainer.n,
+            "n_test": len(trainer.data.y_test),
+            "batch_size": trainer.batch_size,
+            "steps_per_epoch": trainer.steps_per_epoch,
+            "steps": trainer.counters["step"],
+            "skipped_steps": trainer.counters["skipped"],
+        }
+        result = RunResult(
+            config=run.cfg,
+            seconds=time.perf_counter() - t0,
+            method=run.method,
+            seed=run.seed,
+            variant=run.variant,
+            metrics=metrics,
+            details=details,
+            history=trainer.history,
+            environment=env,
+            optimizer_arguments=trainer.opt_args,
+            effective=effective,
+            fingerprint=fingerprint(run.cfg, training_only=False),
+        )
+        row = {"method": run.method, "seed": run.seed, "variant": run.variant, **metrics}
+        atomic_write_json(run.run_dir / "metrics.json", row)
+        result.save(run.run_dir / "results.json")
+    ctx.barrier()
+    return metrics
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: ``cuda:LOCAL_RANK`` when CUDA is available, else the CPU."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device {name!r} is not a device name; use auto, cpu, cuda, cuda:1, ...") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: CUDA is not available on this machine; use device=cpu or auto")
+    return dev

@@ -1,0 +1,328 @@
+"""Training one run (one method, one seed, one sweep variant): closure-based steps for every
+optimizer of the suite, mixed precision, data parallelism, per-epoch checkpoints and logs.
+
+The data order of epoch ``e`` is ``randperm(N)`` drawn from a generator seeded with the run's seed
+(and augmentation from a second one), the model is initialised by ``model_factory(seed=seed)``,
+and the optimizer's own generator (bSAM, VSAM, SWAG, ...) is seeded with ``seed + 2000006``; the
+global RNGs (dropout) are seeded with ``seed``. All of these states are checkpointed after every
+epoch, so a run that is stopped and resumed ends with bit-identical weights (same device and
+software).
+
+The learning rate follows ``train.schedule`` per step: ``cosine`` (``0.5 (1 + cos(pi t / T))``,
+Loshchilov & Hutter 2017, annealed to zero), ``step`` (times ``gamma`` at each milestone epoch) or
+``constant``, after an optional linear warm-up, through ``torch.optim.lr_scheduler.LambdaLR`` on
+the optimizer's param groups.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from experiments.amp import LossScaler, SkipStep, autocast_context, param_dtype
+from experiments.augment import augment_batch
+from experiments.checkpoint import load_checkpoint, save_checkpoint
+from experiments.config import ConfigError, apply_budget
+from experiments.data import RunData, prepare_data
+from experiments.logs import EpochLogger
+from experiments.methods import build_optimizer, inner_optimizer
+from experiments.parallel import DistContext
+
+__all__ = ["STEP_HOOK", "Trainer", "lr_factor"]
+
+#: Test hook: ``STEP_HOOK(global_step)`` runs before every optimizer step (e.g. to simulate a crash).
+STEP_HOOK: Callable[[int], None] | None = None
+
+AUG_SEED_OFFSET = 1_000_003
+OPT_SEED_OFFSET = 2_000_006
+
+
+def lr_factor(step: int, steps_per_epoch: int, train_cfg: dict[str, Any]) -> float:
+    """Multiplier of the base learning rate at optimizer step ``step`` (0-based)."""
+    t = step / steps_per_epoch  # epochs done, fractional
+    total = train_cfg["epochs"]
+    kind = train_cfg["schedule"]
+    if kind == "cosine":
+        f = 0.5 * (1.0 + math.cos(math.pi * min(t, total) / total))
+    elif kind == "step":
+        f = train_cfg["gamma"] ** sum(1 for m in train_cfg["milestones"] if t >= m)
+    else:
+        f = 1.0
+    warm = train_cfg["warmup_epochs"] * steps_per_epoch
+    if warm > 0 and step < warm:
+        f *= (step + 1) / warm
+    return f
+
+
+def build_model(cfg: dict[str, Any], seed: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    from landscape.models import available_models, model_factory
+
+    name = cfg["model"]["name"]
+    if name not in available_models():
+        raise ConfigError(
+            f"model.name {name!r} is not a registered model; available: {', '.join(available_models())}"
+        )
+    try:
+        model = model_factory(name, seed=seed, **cfg["model"]["kwargs"])
+    except TypeError as exc:
+        raise ConfigError(f"model {name!r} rejects model.kwargs {cfg['model']['kwargs']}: {exc}") from None
+    return model.to(device=device, dtype=dtype)
+
+
+class Trainer:
+    """Train and checkpoint one run in ``run_dir`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        run_dir: Path,
+        *,
+        seed: int,
+        device: torch.device,
+        ctx: DistContext,
+        fingerprint: str,
+        progress: bool = False,
+    ) -> None:
+        self.cfg = apply_budget(cfg)
+        self.run_dir = Path(run_dir)
+        self.seed, self.device, self.ctx, self.fingerprint = seed, device, ctx, fingerprint
+        self.progress = progress and ctx.is_main
+        self.precision = self.cfg["precision"]
+        self.dtype = param_dtype(self.precision)
+        self.method = self.cfg["methods"][0]
+        self.data: RunData = prepare_data(self.cfg, seed)
+        t = self.cfg["train"]
+        self.n = len(self.data.y_train)
+        bs = min(t["batch_size"], self.n)
+        self.batch_size = bs
+        self.steps_per_epoch = self.n // bs if t["drop_last"] else math.ceil(self.n / bs)
+        self.x_train = self.data.x_train.to(device=device, dtype=self.dtype)
+        self.y_train = self.data.y_train.to(device)
+        self.model = build_model(self.cfg, seed, self.dtype, device)
+        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=t["label_smoothing"])
+        num_data = int(round(self.n * self.cfg["data"]["num_data_factor"]))
+        self.opt, self.opt_args = build_optimizer(
+            self.method,
+            self.model,
+            train_cfg=t,
+            num_data=num_data,
+            seed=seed + OPT_SEED_OFFSET,
+            steps_per_epoch=self.steps_per_epoch,
+        )
+        self.inner = inner_optimizer(self.opt)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.inner, lambda s: lr_factor(s, self.steps_per_epoch, t)
+        )
+        self.scaler = LossScaler(enabled=self.precision == "fp16")
+        self.generators = {
+            "data": torch.Generator().manual_seed(seed),
+            "augment": torch.Generator().manual_seed(seed + AUG_SEED_OFFSET),
+        }
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.create_graph = getattr(self.inner, "hvp", None) == "exact" and hasattr(self.inner, "fd_step")
+        self._first_pass = self._pass_detector()
+        if self.create_graph and (ctx.data_parallel or self.scaler.enabled):
+            raise ConfigError(
+                f"method {self.method['name']!r}: hvp='exact' (double backward) cannot be combined with "
+                'data parallelism or fp16 loss scaling; use hyperparameters.hvp = "finite_difference"'
+            )
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
+        self.counters = {"epoch": 0, "step": 0, "skipped": 0}
+        self.history: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------------------ passes
+    def _pass_detector(self) -> Callable[[], bool] | None:
+        """For ``perturbation = "local"``: a function telling whether the closure call is the pass at
+        ``w`` (not all-reduced) of a two-pass method."""
+        from optimizers import BayesianSAM
+        from optimizers.perturbation import PerturbationOptimizer
+
+        if not (self.ctx.data_parallel and self.ctx.perturbation == "local"):
+            return None
+        inner = self.inner
+        if isinstance(inner, PerturbationOptimizer) and inner.passes == 2:
+            return lambda: not inner.perturbed
+        if isinstance(inner, BayesianSAM):
+            self._calls = 0
+
+            def parity() -> bool:
+                first = self._calls % 2 == 0
+                self._calls += 1
+                return first
+
+            return parity
+        raise ConfigError(
+            f'distributed.perturbation = "local" applies to two-pass SAM-family optimizers (SAM, ASAM, '
+            f"FisherSAM, VariationalSAM, BayesianSAM); method {self.method['name']!r} uses "
+            f"{type(inner).__name__}"
+        )
+
+    def _chunk_weights(self, n_global: int, m: int) -> list[float]:
+        """``n_local,k / n_global,k`` for each sub-batch ``k`` of the closure (``m`` sub-batches)."""
+        shards = torch.tensor_split(torch.arange(n_global), self.ctx.world if self.ctx.data_parallel else 1)
+        sizes = [[len(c) for c in torch.tensor_split(s, m)] for s in shards]
+        mine = sizes[self.ctx.rank if self.ctx.data_parallel else 0]
+        totals = [sum(col) for col in zip(*sizes)]
+        return [a / b if b else 0.0 for a, b in zip(mine, totals)]
+
+    def _closure(self, x: torch.Tensor, y: torch.Tensor, n_global: int) -> Callable[..., torch.Tensor]:
+        m = int(getattr(self.inner, "m", 1))
+        xs, ys = torch.tensor_split(x, m), torch.tensor_split(y, m)
+        weights = self._chunk_weights(n_global, m)
+        ctx, scaler = self.ctx, self.scaler
+
+        def closure(chunk: int | None = None) -> torch.Tensor:
+            k = 0 if chunk is None else chunk
+            xb, yb = (x, y) if chunk is None else (xs[k], ys[k])
+            for p in self.params:
+                p.grad = None
+            with autocast_context(self.precision, self.device):
+                out = self.model(xb)
+            loss = self.loss_fn(out.float() if out.dtype in (torch.float16, torch.bfloat16) else out, yb)
+            scaler.scale_loss(loss).backward(create_graph=self.create_graph)
+            scaler.unscale_(self.params)
+            if ctx.data_parallel:
+                local_first = self._first_pass is not None and self._first_pass()
+                if not local_first:
+                    ctx.reduce_grads(self.params, weights[k])
+                    return ctx.reduce_value(loss, weights[k])
+            return loss.detach()
+
+        return closure
+
+    # ------------------------------------------------------------------------------ epochs
+    def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = idx.to(self.device)
+        x, y = self.x_train[idx], self.y_train[idx]
+        x = augment_batch(
+            x, self.cfg["data"]["augmentation"], self.generators["augment"], self.cfg["data"]["crop_padding"]
+        )
+        lo, hi = self.ctx.shard(len(idx))
+        return x[lo:hi], y[lo:hi]
+
+    def _train_epoch(self, epoch: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.model.train()
+        perm = torch.randperm(self.n, generator=self.generators["data"])
+        epochs = self.cfg["train"]["epochs"]
+        total, count, skipped = 0.0, 0, 0
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(
+                total=self.steps_per_epoch,
+                leave=False,
+                unit="step",
+                desc=f"{self.method['name']} seed {self.seed} epoch {epoch + 1}/{epochs}",
+            )
+        lr = self.inner.param_groups[0]["lr"]
+        for b in range(self.steps_per_epoch):
+            idx = perm[b * self.batch_size : (b + 1) * self.batch_size]
+            x, y = self._batch(idx)
+            if STEP_HOOK is not None:
+                STEP_HOOK(self.counters["step"])
+            if hasattr(self, "_calls"):
+                self._calls = 0
+            try:
+                loss = self.opt.step(self._closure(x, y, len(idx)))
+                self.scaler.update(False)
+            except SkipStep:
+                self.scaler.update(True)
+                skipped += 1
+                loss = None
+            self.scheduler.step()
+            self.counters["step"] += 1
+            if loss is not None:
+                value = float(loss)
+                if not math.isfinite(value):
+                    raise FloatingPointError(
+                        f"run {self.run_dir}: training diverged at step {self.counters['step']} "
+                        f"(loss {value}); lower the learning rate or rho"
+                    )
+                total += value * len(idx)
+                count += len(idx)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{total / max(count, 1):.4g}")
+        if bar is not None:
+            bar.close()
+        self.counters["skipped"] += skipped
+        row = {
+            "epoch": epoch + 1,
+            "step": self.counters["step"],
+            "lr": lr,
+            "train_loss": total / count if count else math.nan,
+            "skipped_steps": skipped,
+        }
+        if self.scaler.enabled:
+            row["loss_scale"] = self.scaler.scale
+        row["seconds"] = time.perf_counter() - t0
+        return row
+
+    def _test_metrics(self) -> dict[str, float]:
+        from experiments.evaluate import predict_probs
+        from landscape import metrics
+
+        probs = predict_probs(self.model, self.data.x_test, self.cfg["evaluation"]["batch_size"], self.device)
+        return {
+            "test_accuracy": metrics.accuracy(probs, self.data.y_test),
+            "test_nll": metrics.nll(probs, self.data.y_test),
+        }
+
+    def fit(self) -> None:
+        """Train from the last checkpoint (if any) to the last epoch, checkpointing every epoch."""
+        ckpt = self.run_dir / "checkpoint.pt"
+        state = dict(
+            model=self.model,
+            optimizer=self.opt,
+            scheduler=self.scheduler,
+            scaler=self.scaler,
+            generators=self.generators,
+        )
+        if ckpt.is_file():
+            self.counters, self.history = load_checkpoint(ckpt, fingerprint=self.fingerprint, **state)
+            _swag_to(self.opt, self.device)
+        epochs = self.cfg["train"]["epochs"]
+        every = self.cfg["evaluation"]["every"]
+        logger = EpochLogger(self.run_dir, start_epoch=self.counters["epoch"]) if self.ctx.is_main else None
+        try:
+            for epoch in range(self.counters["epoch"], epochs):
+                row = self._train_epoch(epoch)
+                if self.ctx.is_main and every and ((epoch + 1) % every == 0 or epoch + 1 == epochs):
+                    row.update(self._test_metrics())
+                self.history.append(row)
+                self.counters["epoch"] = epoch + 1
+                if self.ctx.is_main:
+                    save_checkpoint(
+                        ckpt,
+                        history=self.history,
+                        counters=self.counters,
+                        fingerprint=self.fingerprint,
+                        **state,
+                    )
+                    logger.write(self.history)
+                self.ctx.barrier()
+        finally:
+            if logger is not None:
+                logger.close()
+
+
+def _swag_to(opt: Any, device: torch.device) -> None:
+    """Move a loaded SWAG's moment vectors to the parameters' device."""
+    from optimizers import SWAG
+
+    if isinstance(opt, SWAG):
+        if opt._mean is not None:
+            opt._mean, opt._sq_mean = opt._mean.to(device), opt._sq_mean.to(device)
+        opt._devs.extend([d.to(device) for d in [opt._devs.popleft() for _ in range(len(opt._devs))]])
