@@ -18,7 +18,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from optimizers import ASAM, BayesianSAM, FlatSGLD, VariationalSAM
+from optimizers import ASAM, BayesianSAM, FlatSGLD, SGDTracer, VariationalSAM
 from optimizers.bayes.sgld import official_lr, official_noise_std
 from optimizers.bayes.swag import SWAG, bn_update
 from tests.references import make_classification_data, make_cnn_bn, make_mlp
@@ -370,3 +370,52 @@ def test_vsam_steps_sigma_not_sigma_squared_and_why():
     assert float(small40.mean()) == pytest.approx(0.0467, abs=5e-5)
     assert int((big50k < 0).sum()) == 48 and float(big50k.min()) == pytest.approx(-0.302, abs=5e-4)
     assert float(small50k.mean()) == pytest.approx(0.00576, abs=5e-6) and float(small50k.min()) > 0
+
+
+# -------------------------------------------------------------------------------------- G-TRACER
+def _tracer_fraction(steps: int, **kw) -> tuple[float, float, float]:
+    """SGD-TRACER on the digits MLP (the demo's data, model and batch order): the fraction of
+    coordinates with f_bar > delta (all of them; those with a nonzero gradient) and the optimizer's
+    own report, with f_bar rebuilt by hand from the recorded gradients."""
+    from optimizers.demo import load_data, make_model
+
+    xtr, ytr, _, _ = load_data(dtype=DT)
+    model = make_model(0, dtype=DT)
+    opt = SGDTracer(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, **kw)
+    perm = torch.randperm(len(ytr), generator=torch.Generator().manual_seed(0))
+    fbar, beta = None, 0.01
+    for k in range(steps):
+        idx = perm[64 * k : 64 * (k + 1)]
+        grads = []
+
+        def closure(idx=idx, grads=grads):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
+            loss.backward(create_graph=True)
+            grads.append(torch.cat([p.grad.detach().reshape(-1).clone() for p in model.parameters()]))
+            return loss
+
+        opt.step(closure)
+        g2 = grads[0].square()
+        fbar = g2 if fbar is None else (1 - beta) * fbar + beta * g2
+    state = torch.cat([opt.state[p]["f_bar"].reshape(-1) for p in model.parameters()])
+    torch.testing.assert_close(state, fbar, rtol=1e-10, atol=1e-20)
+    delta = opt.param_groups[0]["delta"]
+    for p in model.parameters():
+        p.grad = None
+    return (
+        float((fbar > delta).double().mean()),
+        float((fbar > delta).sum() / (fbar > 0).sum()),
+        opt.last["fbar_above_delta"],
+    )
+
+
+def test_tracer_defaults_reach_the_affine_invariant_regime_on_digits():
+    # the docs: after 5 steps 83 % of the 4810 coordinates (89 % of those with a gradient) have
+    # f_bar > delta at the defaults; none at the former delta = 1e-2
+    assert SGDTracer(nn.Linear(2, 2).parameters(), lr=0.1).param_groups[0]["delta"] == 1e-8
+    frac, frac_active, reported = _tracer_fraction(5)
+    assert frac == pytest.approx(0.83, abs=0.01) and frac_active == pytest.approx(0.89, abs=0.01)
+    assert reported == frac
+    frac_old, _, _ = _tracer_fraction(5, rho=1e-3, delta=1e-2)
+    assert frac_old == 0.0
