@@ -1,26 +1,42 @@
 """Models to run on out of the box and a small training loop.
 
-* ``zoo``: MLP, LeNet-5, a small ResNet, and the name registry (:func:`model_factory`);
+* ``zoo``: MLP, LeNet-5, CIFAR ResNets (20/32/44/56/110, 18/34), Wide ResNets, PreResNets, with
+  batch / group / FRN / no normalisation and a dropout option, and the name registry
+  (:func:`model_factory`);
 * ``training``: :func:`train`, one closure-based loop for every optimizer of the suite.
 """
 
 from landscape.models.training import train
 from landscape.models.zoo import (
     MLP,
+    NORMS,
     BasicBlock,
+    FilterResponseNorm2d,
     LeNet5,
+    LeNet5BSAM,
+    PreResNet,
     ResNet,
+    WideResNet,
     available_models,
+    cifar_resnet,
+    count_parameters,
     model_factory,
     register_model,
 )
 
 __all__ = [
     "MLP",
+    "NORMS",
     "BasicBlock",
+    "FilterResponseNorm2d",
     "LeNet5",
+    "LeNet5BSAM",
+    "PreResNet",
     "ResNet",
+    "WideResNet",
     "available_models",
+    "cifar_resnet",
+    "count_parameters",
     "model_factory",
     "register_model",
     "train",
