@@ -466,6 +466,8 @@ def test_label_noise_bad_arguments():
         symmetric_label_noise(y, 0.5, 2)
     with pytest.raises(TypeError, match="labels must be a 1-D integer tensor"):
         symmetric_label_noise(y.double(), 0.5, 3)
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        symmetric_label_noise(y, 0.5, 3, seed=-1)
     with pytest.raises(ValueError, match="target must be 'other'"):
         symmetric_label_noise(y, 0.5, 3, target="same")
     with pytest.raises(ValueError, match="mapping 1 -> 1: source and target must be different"):

@@ -110,6 +110,12 @@ def _check_rate(rate: float) -> float:
     return float(rate)
 
 
+def _generator(seed: int) -> torch.Generator:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    return torch.Generator().manual_seed(int(seed))
+
+
 def _choose(candidates: torch.Tensor, rate: float, exact: bool, gen: torch.Generator) -> torch.Tensor:
     """Indices (into the data set) of the examples to corrupt among ``candidates``."""
     if exact:
@@ -132,14 +138,16 @@ def symmetric_label_noise(
 
     Returns:
         :class:`NoisyLabels` with ``labels`` (noisy, int64), ``clean``, ``flipped`` (bool mask)
-        and ``config``; with ``exact=True`` and ``target="other"``, ``flipped.sum()`` equals
-        ``round(rate * N)``.
+        and ``config``, on the device of ``labels`` (the draws are made on the CPU, so a seed
+        gives the same noise on every device); with ``exact=True`` and ``target="other"``,
+        ``flipped.sum()`` equals ``round(rate * N)``.
     """
     rate = _check_rate(rate)
     clean = _check_labels(labels, num_classes)
+    device = labels.device if isinstance(labels, torch.Tensor) else torch.device("cpu")
     if target not in ("other", "any"):
         raise ValueError(f"target must be 'other' (a different class) or 'any' (any class), got {target!r}")
-    gen = torch.Generator().manual_seed(seed)
+    gen = _generator(seed)
     chosen = _choose(torch.arange(len(clean)), rate, exact, gen)
     noisy = clean.clone()
     if target == "other":  # clean + U{1..C-1} mod C: uniform over the C - 1 other classes
@@ -149,6 +157,7 @@ def symmetric_label_noise(
         noisy[chosen] = torch.randint(0, num_classes, (len(chosen),), generator=gen)
     config = {"noise": "symmetric", "rate": rate, "num_classes": num_classes, "seed": seed,
               "exact": exact, "target": target}  # fmt: skip
+    noisy, clean = noisy.to(device), clean.to(device)
     return NoisyLabels(labels=noisy, clean=clean, flipped=noisy != clean, config=config)
 
 
@@ -184,19 +193,21 @@ def asymmetric_label_noise(
         )
     pairs = sorted((int(s), int(t)) for s, t in mapping.items())
     clean = _check_labels(labels, num_classes)
+    device = labels.device if isinstance(labels, torch.Tensor) else torch.device("cpu")
     limit = num_classes if num_classes is not None else int(clean.max()) + 1 if clean.numel() else 0
     for s, t in pairs:
         if s == t or min(s, t) < 0 or (num_classes is not None and max(s, t) >= num_classes):
             raise ValueError(
                 f"mapping {s} -> {t}: source and target must be different classes in 0..{max(limit - 1, 0)}"
             )
-    gen = torch.Generator().manual_seed(seed)
+    gen = _generator(seed)
     noisy = clean.clone()
     for s, t in pairs:
         chosen = _choose(torch.nonzero(clean == s).flatten(), rate, exact, gen)
         noisy[chosen] = t
     config = {"noise": "asymmetric", "rate": rate, "mapping": [list(p) for p in pairs],
               "num_classes": num_classes, "seed": seed, "exact": exact}  # fmt: skip
+    noisy, clean = noisy.to(device), clean.to(device)
     return NoisyLabels(labels=noisy, clean=clean, flipped=noisy != clean, config=config)
 
 
