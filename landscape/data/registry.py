@@ -5,7 +5,7 @@
 * ``cifar10[:DIR]``, ``cifar100[:DIR]`` (fine labels), ``cifar100-coarse[:DIR]`` (20 coarse
   labels): python pickles;
 * ``cifar10c:[DIR:]CORRUPTION:SEVERITY``: CIFAR-10-C, e.g. ``cifar10c:/data:gaussian_noise:3``
-  (or ``cifar10c[:DIR]`` with the ``corruption=`` and ``severity=`` arguments); split ``test``;
+  (split ``test``; :func:`landscape.data.cifar10c.load_cifar10c` takes the three separately);
 * ``svhn[:DIR]``: SVHN ``.mat`` files (labels 0..9; splits ``train``, ``test``, ``extra``, ``all``).
 
 ``DIR`` may be left out when the ``SHARPSCAPE_DATA`` environment variable names the data
@@ -36,25 +36,18 @@ _ALIASES = {
 
 
 def _cifar10c(spec: str, rest: str, split: str, kwargs: dict) -> Batch:
-    corruption, severity = kwargs.pop("corruption", None), kwargs.pop("severity", None)
-    if corruption is not None or severity is not None:  # cifar10c[:DIR] with keyword arguments
-        if corruption is None or severity is None:
-            raise ValueError(f"data spec {spec!r}: give both corruption= and severity=")
-        where, level = rest or None, severity
-    else:
-        parts = rest.rsplit(":", 2) if rest else []
-        if len(parts) < 2:
-            raise ValueError(
-                f"data spec {spec!r}: write cifar10c:DIR:CORRUPTION:SEVERITY (or "
-                "cifar10c:CORRUPTION:SEVERITY with SHARPSCAPE_DATA set, or cifar10c:DIR with the "
-                "corruption= and severity= arguments), e.g. cifar10c:/data:gaussian_noise:3"
-            )
-        where = parts[0] if len(parts) == 3 else None
-        corruption, severity = parts[-2], parts[-1]
-        try:
-            level = int(severity)
-        except ValueError:
-            raise ValueError(f"data spec {spec!r}: severity {severity!r} is not an int in 1..5") from None
+    parts = rest.rsplit(":", 2) if rest else []
+    if len(parts) < 2:
+        raise ValueError(
+            f"data spec {spec!r}: write cifar10c:DIR:CORRUPTION:SEVERITY (or "
+            "cifar10c:CORRUPTION:SEVERITY with SHARPSCAPE_DATA set), e.g. cifar10c:/data:gaussian_noise:3"
+        )
+    where = parts[0] if len(parts) == 3 else None
+    corruption, severity = parts[-2], parts[-1]
+    try:
+        level = int(severity)
+    except ValueError:
+        raise ValueError(f"data spec {spec!r}: severity {severity!r} is not an int in 1..5") from None
     if split not in ("test", "all"):
         raise ValueError(
             f"data spec {spec!r}: CIFAR-10-C holds only corrupted test images, there is no "
