@@ -38,6 +38,7 @@ __all__ = [
     "load_config",
     "parse_override",
     "resolve_config",
+    "set_key",
 ]
 
 
@@ -184,19 +185,28 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, parsed
 
 
+def set_key(cfg: dict[str, Any], parts: Sequence[str], value: Any, text: str = "") -> None:
+    """Set ``cfg[parts[0]][parts[1]]... = value`` in place; a list (``methods``) is indexed by a
+    method name or an index; missing tables are created."""
+    text = text or ".".join(parts)
+    node: Any = cfg
+    for i, part in enumerate(parts[:-1]):
+        node = _child(node, part, list(parts[: i + 1]), text, create=True)
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_method_index(node, last, text)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ConfigError(f"override {text!r}: {'.'.join(parts[:-1])} is not a table")
+
+
 def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """A copy of ``raw`` with every ``key=value`` override applied (tables created as needed)."""
     out = copy.deepcopy(dict(raw))
     for text in overrides:
         parts, value = parse_override(text)
-        node: Any = out
-        for i, part in enumerate(parts[:-1]):
-            node = _child(node, part, parts[: i + 1], text, create=True)
-        last = parts[-1]
-        if isinstance(node, list):
-            node[_method_index(node, last, text)] = value
-        else:
-            node[last] = value
+        set_key(out, parts, value, text)
     return out
 
 
@@ -342,20 +352,20 @@ def _check_numbers(cfg: dict[str, Any]) -> None:
 
 
 def _check_sweep(cfg: dict[str, Any]) -> None:
+    """Every sweep key must name a config key and every value must give a valid config."""
     for key, values in cfg["sweep"].items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"sweep.{key} must be a non-empty list of values, got {values!r}")
-        parts = key.split(".")
-        node: Any = DEFAULTS
-        for i, part in enumerate(parts):
-            if ".".join(parts[:i]) in FREE_FORM:
-                break
-            if not isinstance(node, dict) or part not in node:
-                raise ConfigError(
-                    f"sweep key {key!r} is not a config key"
-                    + _close(part, node if isinstance(node, dict) else {})
-                )
-            node = node[part]
+        if key.split(".")[0] in ("sweep", "seeds", "name", "out_dir") or key == "distributed.mode":
+            raise ConfigError(f"sweep key {key!r} cannot be swept (seeds are swept by `seeds`)")
+        for value in values:
+            trial = copy.deepcopy(cfg)
+            trial["sweep"] = {}
+            try:
+                set_key(trial, key.split("."), value, f"sweep.{key}")
+                resolve_config(trial)
+            except ConfigError as exc:
+                raise ConfigError(f"sweep.{key} = {value!r}: {exc}") from None
 
 
 def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from experiments.checkpoint import check_checkpoint
-from experiments.config import resolve_config
+from experiments.config import resolve_config, set_key
 from experiments.parallel import DistContext
 from experiments.toml_writer import dumps
 from landscape.io import atomic_write, atomic_write_json, atomic_write_text, read_json
@@ -76,14 +76,6 @@ class Run:
     run_dir: Path
 
 
-def _set_path(cfg: dict[str, Any], key: str, value: Any) -> None:
-    node = cfg
-    parts = key.split(".")
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-    node[parts[-1]] = value
-
-
 def _fmt(v: Any) -> str:
     return repr(v) if isinstance(v, float) else str(v)
 
@@ -100,8 +92,8 @@ def plan_runs(cfg: dict[str, Any]) -> list[Run]:
         base = copy.deepcopy(cfg)
         base["sweep"] = {}
         for k, v in zip(keys, combo):
-            _set_path(base, k, v)
-        for method in cfg["methods"]:
+            set_key(base, k.split("."), v, f"sweep.{k}")
+        for method in base["methods"]:
             for seed in cfg["seeds"]:
                 one = copy.deepcopy(base)
                 one["methods"], one["seeds"] = [copy.deepcopy(method)], [seed]

@@ -16,6 +16,7 @@ the optimizer's param groups.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -93,6 +94,8 @@ class Trainer:
     ) -> None:
         self.cfg = apply_budget(cfg)
         self.run_dir = Path(run_dir)
+        # the perturbation option may differ between the runs of a sweep: this run's own value
+        ctx = dataclasses.replace(ctx, perturbation=self.cfg["distributed"]["perturbation"])
         self.seed, self.device, self.ctx, self.fingerprint = seed, device, ctx, fingerprint
         self.progress = progress and ctx.is_main
         self.precision = self.cfg["precision"]
