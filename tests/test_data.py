@@ -86,7 +86,8 @@ def test_idx_other_types_and_errors(tmp_path):
         load_mnist(tmp_path, "train")
 
 
-def test_cifar10_pickles_round_trip(tmp_path):
+def test_cifar10_pickles_round_trip(tmp_path, monkeypatch):
+    monkeypatch.delenv("SHARPSCAPE_DATA", raising=False)  # "cifar10" without DIR must then fail
     rng = np.random.default_rng(1)
     written = {}
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
