@@ -256,8 +256,9 @@ class OneOrTwo(argparse.Action):
 
 # -------------------------------------------------------------------------------- data and devices
 DATA_HELP = (
-    "digits[:train|test|all], digits-image, mnist:DIR, fashion-mnist:DIR, cifar10:DIR or cifar100:DIR "
-    "(local files; nothing is downloaded)"
+    "digits[:train|test|all], digits-image, mnist[:DIR], fashion-mnist[:DIR], cifar10[:DIR], "
+    "cifar100[:DIR], cifar100-coarse[:DIR], cifar10c:[DIR:]CORRUPTION:SEVERITY or svhn[:DIR] "
+    "(local files, DIR defaults to $SHARPSCAPE_DATA; nothing is downloaded)"
 )
 
 

@@ -268,7 +268,7 @@ def suggest_model(state: Mapping[str, torch.Tensor]) -> str:
     for name in available_models():
         try:
             with torch.random.fork_rng(devices=[]):
-                candidate = model_factory(name)
+                candidate = model_factory(name, device="meta")  # shapes only: allocates nothing
         except Exception:  # noqa: BLE001,S112 - a registered model that needs arguments: skip it
             continue
         if not _mismatch(candidate, state):

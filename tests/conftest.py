@@ -7,6 +7,9 @@ import os
 import pytest
 import torch
 
+# Tests never read the user's data directory: loaders get explicit paths (tmp_path files).
+os.environ.pop("SHARPSCAPE_DATA", None)
+
 # Two cores on CI: keep torch from oversubscribing them when pytest-xdist is not used.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
