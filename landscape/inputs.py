@@ -1,14 +1,18 @@
 """The data forms an :class:`~landscape.Objective` accepts: a batch is ``(inputs, targets)`` where
 ``inputs`` is a tensor, a tuple/list of tensors (positional arguments of ``forward``) or a dict of
-tensors (keyword arguments).  Helpers to recognise, map and unpack them, and to count correct
-predictions of a classifier's output."""
+tensors (keyword arguments).  Helpers to recognise, map and unpack them, to count correct
+predictions of a classifier's output, to scan a data set once (:func:`scan_data`: structure,
+devices, lengths, non-finite values, label ranges, one-shot sources), to turn a forward's return
+value into the tensor the loss takes (:func:`pick_output`: ``output_fn``, HuggingFace ``logits``)
+and to resolve a parameter selection (:func:`select_params`, tied parameters under any name)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
+from torch import nn
 
 Inputs = torch.Tensor | tuple | dict
 
@@ -68,3 +72,214 @@ def _num_correct(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         if bool(((yy == 0) | (yy == 1)).all()):
             return ((logits > 0).to(yy.dtype) == yy).sum().to(torch.float64)
     return None
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return list(t.shape)
+
+
+def _describe(inputs: Any) -> str:
+    if isinstance(inputs, torch.Tensor):
+        return f"of shape {_shape(inputs)}"
+    if isinstance(inputs, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_shape(v)}" for k, v in inputs.items()) + "}"
+    return "(" + ", ".join(str(_shape(v)) for v in inputs) + ")"
+
+
+def output_error(out: Any) -> TypeError:
+    """The model returned something the loss cannot take: say what, and how to pick the tensor."""
+    if isinstance(out, Mapping):
+        keys = list(out.keys())
+        fix = f"output_fn=lambda out: out[{keys[0]!r}]" if keys else "output_fn=..."
+        what = f"a {type(out).__name__} with keys {keys}"
+    elif isinstance(out, (tuple, list)):
+        fix = "output_fn=lambda out: out[0]"
+        what = f"a {type(out).__name__} of {len(out)} elements"
+    else:
+        fix = "output_fn=lambda out: ..."
+        what = f"a {type(out).__name__}"
+    return TypeError(
+        f"the model's forward returns {what}, not a tensor; tell the Objective which tensor the loss "
+        f"takes with {fix} (outputs with a 'logits' attribute or key are used automatically)"
+    )
+
+
+def output_kind(out: Any, output_fn: Callable | None) -> str:
+    """How the forward's return value becomes the loss's input: ``"tensor"``, ``"output_fn"``,
+    ``"logits"`` (a key or attribute, as HuggingFace model outputs have)."""
+    if output_fn is not None:
+        return "output_fn"
+    if isinstance(out, torch.Tensor):
+        return "tensor"
+    if isinstance(out, Mapping) and "logits" in out:
+        return "logits"
+    if isinstance(getattr(out, "logits", None), torch.Tensor):
+        return "logits"
+    raise output_error(out)
+
+
+def pick_output(out: Any, kind: str, output_fn: Callable | None) -> torch.Tensor:
+    """Apply the output rule ``kind`` (see :func:`output_kind`) to a forward's return value."""
+    if kind == "output_fn":
+        out = output_fn(out)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"output_fn must return a tensor, it returned a {type(out).__name__}")
+    elif kind == "logits":
+        out = out["logits"] if isinstance(out, Mapping) else out.logits
+    if not isinstance(out, torch.Tensor):
+        raise output_error(out)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the data scan
+# --------------------------------------------------------------------------------------------
+def one_shot_error(detail: str) -> TypeError:
+    return TypeError(
+        f"data is one-shot: {detail}. It can be iterated only once (a generator behind __iter__, a "
+        "one-shot IterableDataset) or changes between passes, but every analysis iterates it many "
+        "times; pass a list of batches (data = list(data)) or a DataLoader over a map-style Dataset"
+    )
+
+
+def _reiterable_by_contract(data: Any) -> bool:
+    if isinstance(data, (list, tuple)):
+        return True
+    loader = torch.utils.data.DataLoader
+    return isinstance(data, loader) and not isinstance(data.dataset, torch.utils.data.IterableDataset)
+
+
+def _nonfinite(t: torch.Tensor) -> int:
+    if not t.is_floating_point() and not t.is_complex():
+        return 0
+    return int((~torch.isfinite(t)).sum())
+
+
+def scan_data(obj: Any) -> tuple[Any, torch.Tensor]:
+    """One pass over ``obj._data``: structure, devices, lengths, non-finite values and label ranges of
+    every batch.  Sets ``obj.batch_sizes``, ``obj._local_num_examples``, ``obj._data_issues`` (batch
+    -> what is not finite, reported when that batch is evaluated) and ``obj._labels`` (batch, min,
+    max of integer targets); returns the first batch (for the validation pass)."""
+    data = obj._data
+    if isinstance(data, torch.Tensor) or not isinstance(data, Iterable):
+        raise TypeError(
+            "data must be one (inputs, targets) batch or a re-iterable of such batches "
+            f"(list, DataLoader); got {type(data).__name__}"
+        )
+    if iter(data) is data:
+        raise one_shot_error(f"a {type(data).__name__} is its own iterator")
+    ignore = getattr(obj.loss_fn, "ignore_index", -100)
+    sizes: list[int] = []
+    issues: dict[int, str] = {}
+    labels: list[tuple[int, int, int]] = []  # (batch, min, max) of integer targets
+    first = None
+    for k, batch in enumerate(data):
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise TypeError(
+                f"batch {k} is not an (inputs, targets) pair but {type(batch).__name__}"
+                + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+                + "; each batch must be (inputs, targets)"
+            )
+        inputs, targets = batch
+        if not _is_inputs(inputs) or not isinstance(targets, torch.Tensor):
+            raise TypeError(
+                f"batch {k}: inputs must be a tensor, tuple of tensors or dict of tensors and targets a "
+                f"tensor; got {type(inputs).__name__} and {type(targets).__name__}"
+            )
+        if targets.ndim == 0:
+            raise ValueError(f"batch {k}: targets must have a batch dimension, got a 0-d tensor")
+        if not obj._explicit_device:
+            for t in [*_tensors(inputs), targets]:
+                if t.device != obj.device:
+                    raise ValueError(
+                        f"batch {k} lies on device {t.device} but the model's parameters are on "
+                        f"{obj.device}; pass device='{t.device}' to Objective (evaluates with "
+                        f"copies there) or move the model/data with .to('{t.device}')"
+                    )
+        n = int(targets.shape[0])
+        lengths = [int(t.shape[0]) for t in _tensors(inputs) if t.ndim > 0]
+        if lengths and n not in lengths:
+            raise ValueError(
+                f"batch {k}: the inputs hold {lengths[0]} examples (dim 0 of the inputs "
+                f"{_describe(inputs)}) but the targets {n} (shape {_shape(targets)}); inputs and "
+                "targets must have the same length along dimension 0 (batch-first)"
+            )
+        bad_x = sum(_nonfinite(t) for t in _tensors(inputs))
+        bad_y = _nonfinite(targets)
+        if bad_x or bad_y:
+            where = [f"its inputs contain {bad_x} NaN/inf value(s)"] if bad_x else []
+            where += [f"its targets contain {bad_y} NaN/inf value(s)"] if bad_y else []
+            issues[k] = " and ".join(where)
+        if not targets.is_floating_point() and not targets.is_complex() and targets.dtype != torch.bool:
+            valid = targets[targets != ignore]
+            if valid.numel():
+                labels.append((k, int(valid.min()), int(valid.max())))
+        sizes.append(n)
+        if first is None:
+            first = (inputs, targets)
+    if not sizes or sum(sizes) == 0:
+        raise ValueError("data is empty: it holds no batches / no examples")
+    obj.batch_sizes = sizes
+    obj._local_num_examples = sum(sizes)
+    obj._data_issues = issues
+    obj._labels = labels
+    if not _reiterable_by_contract(data) and next(iter(data), None) is None:
+        raise one_shot_error(f"a second pass over the data yields no batch (the first gave {len(sizes)})")
+    return first
+
+
+def data_issue_message(k: int, issue: str, what: str = "the loss on") -> str:
+    return (
+        f"{what} batch {k} is not finite: {issue}; remove or repair those examples (e.g. filter them "
+        "out, or torch.nan_to_num) before building the Objective"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# parameter selection
+# --------------------------------------------------------------------------------------------
+def select_params(spec: Any, named: list[tuple[str, nn.Parameter]], aliases: Mapping[str, str]) -> list[str]:
+    """Canonical names selected by ``spec`` (see ``Objective``); ``aliases`` maps every slot name of a
+    tied parameter to its canonical name, so a tied parameter can be selected under either name."""
+    all_names = [n for n, _ in named]
+    every = list(dict.fromkeys([*all_names, *aliases]))
+
+    def canon(names: Iterable[str]) -> list[str]:
+        hit = {aliases.get(n, n) for n in names}
+        return [n for n in all_names if n in hit]
+
+    if spec is None:
+        chosen = [n for n, p in named if p.requires_grad]
+        what = "parameters requiring grad"
+    elif isinstance(spec, nn.Module) or (
+        isinstance(spec, (list, tuple)) and spec and all(isinstance(m, nn.Module) for m in spec)
+    ):
+        mods = [spec] if isinstance(spec, nn.Module) else list(spec)
+        ids = {id(p) for m in mods for p in m.parameters()}
+        chosen = [n for n, p in named if id(p) in ids]
+        what = "the given module(s)"
+    elif isinstance(spec, str) or (isinstance(spec, (list, tuple)) and all(isinstance(s, str) for s in spec)):
+        wanted = [spec] if isinstance(spec, str) else list(spec)
+
+        def hit(name: str, w: str) -> bool:
+            return name == w or name.startswith(w + ".")
+
+        unknown = [w for w in wanted if not any(hit(n, w) for n in every)]
+        if unknown:
+            raise ValueError(
+                f"parameter selection {unknown} matches no parameter of the model; "
+                f"available names: {all_names}"
+            )
+        chosen = canon(n for n in every if any(hit(n, w) for w in wanted))
+        what = f"names {wanted}"
+    elif callable(spec):
+        chosen = canon(n for n in every if spec(n))
+        what = "the callable"
+    else:
+        raise TypeError(
+            "params must be None, a name or list of names, a module or list of modules, "
+            f"or a callable name -> bool; got {type(spec).__name__}"
+        )
+    if not chosen:
+        raise ValueError(f"the parameter selection ({what}) matches nothing; available names: {all_names}")
+    return chosen

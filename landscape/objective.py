@@ -9,7 +9,12 @@ so every quantity derived from it (loss, gradient, Hessian, ...) is independent 
 batched (PyHessian weights batches the same way; hessian-eigenthings' equal weights are biased for
 uneven batches).  Evaluation always goes through :func:`torch.func.functional_call` with parameter
 and buffer *copies*, so the caller's model is never written to; :meth:`Objective.guard` additionally
-snapshots and restores parameters, buffers, ``.grad`` and train/eval flags bit-exactly.
+snapshots and restores parameters, buffers, ``.grad``, train/eval flags and parameter identity
+bit-exactly.  Tied parameters (one module used under two names, an embedding tied to the output
+layer) are one parameter under their ``named_parameters()`` name; the functional call fills every
+slot that holds them (``landscape.guard.tensor_slots``), so the Hessian of a tied model is the one
+with respect to the shared tensor.  Bad inputs are caught at construction by
+``landscape.validation`` (a validation pass on the first batch).
 
 The contract (other modules rely on it) is documented in ``docs/OBJECTIVE_API.md``.
 """
@@ -18,23 +23,26 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
-from landscape.guard import model_guard
+from landscape import validation as V
+from landscape.guard import forked_rng, model_guard, tensor_slots
 from landscape.inputs import (
     Inputs,
     _as_args,
-    _is_inputs,
     _is_single_batch,
     _map_inputs,
     _num_correct,
-    _tensors,
+    one_shot_error,
+    output_kind,
+    pick_output,
+    scan_data,
+    select_params,
 )
 
 __all__ = ["Objective"]
@@ -53,10 +61,10 @@ class Objective:
         loss_fn: ``loss_fn(outputs, targets) -> scalar``, mean- or sum-reduced.
         data: one ``(inputs, targets)`` batch or a re-iterable of batches (list, DataLoader);
             ``inputs`` is a tensor, a tuple of tensors (positional arguments) or a dict of tensors
-            (passed as one argument).
+            (passed as one argument).  Inputs and targets are batch-first.
         params: ``None`` (all parameters that require grad), a name or list of names (a name may
-            also be a module prefix such as ``"fc1"``), a module or list of modules of ``model``,
-            or a callable ``name -> bool``.
+            also be a module prefix such as ``"fc1"``, or another name of a tied parameter), a module
+            or list of modules of ``model``, or a callable ``name -> bool``.
         reduction: ``"auto"`` (``loss_fn.reduction`` if present, else ``"mean"``), ``"mean"`` or ``"sum"``.
         mode: ``"eval"`` (default) or ``"train"``: the mode the model is put in during evaluations
             (restored afterwards; BatchNorm statistics are updated in copies only).
@@ -64,6 +72,19 @@ class Objective:
             model's own).  With ``device=None`` data on another device than the model is an error.
         check_determinism: evaluate the loss twice at construction and warn if the passes disagree.
         progress: show a tqdm bar over batches in long evaluations.
+        output_fn: turns the forward's return value into the tensor the loss takes (e.g.
+            ``lambda out: out[0]`` for a model returning a tuple).  ``None``: a tensor is used as is,
+            and an output with a ``logits`` key or attribute (HuggingFace) gives its ``logits``.
+        stochastic: ``None`` or ``"fixed"``.  A forward that draws random numbers (dropout in
+            ``mode="train"``, MC dropout) makes every curvature product random, so the curvature
+            operators refuse it; ``"fixed"`` re-seeds a fork of the global RNG with ``seed`` before
+            every forward, making the objective a deterministic function (one fixed dropout mask per
+            batch shape) whose products are reproducible.  The caller's RNG is not advanced.
+        seed: the seed of ``stochastic="fixed"``.
+
+    Raises:
+        TypeError / ValueError at construction for bad inputs, with a message naming the fix (see
+        ``landscape.validation``; the model and loss are run once on the first batch).
     """
 
     def __init__(
@@ -79,27 +100,20 @@ class Objective:
         device: str | torch.device | None = None,
         check_determinism: bool = False,
         progress: bool = False,
+        output_fn: Callable[[Any], torch.Tensor] | None = None,
+        stochastic: str | None = None,
+        seed: int = 0,
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not callable(loss_fn):
-            raise TypeError("loss_fn must be callable as loss_fn(outputs, targets) -> scalar tensor")
-        if mode not in ("eval", "train"):
-            raise ValueError(f"mode must be 'eval' or 'train', got {mode!r}")
-        if reduction == "auto":
-            reduction = getattr(loss_fn, "reduction", "mean")
-        if reduction not in ("mean", "sum"):
-            raise ValueError(
-                f"reduction must be 'mean' or 'sum' (the loss must return a scalar), got {reduction!r}; "
-                "use a loss with reduction='mean' or 'sum'"
-            )
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise TypeError(f"dtype must be a floating torch.dtype such as torch.float64, got {dtype!r}")
+        reduction = V.check_arguments(model, loss_fn, reduction, mode, dtype, output_fn, stochastic, seed)
+        V.check_model(model)
         self.model = model
         self.loss_fn = loss_fn
         self.reduction = reduction
         self.mode = mode
         self.progress = progress
+        self.output_fn = output_fn
+        self.stochastic = stochastic
+        self.seed = seed
         self._param_spec = params
         self._check_determinism = check_determinism
 
@@ -109,6 +123,14 @@ class Objective:
         self._all_param_objs = [p for _, p in named]
         if not named:
             raise ValueError("the model has no parameters")
+        # every (module, attribute) slot holding a parameter/buffer, named -> canonical name
+        pslots, bslots = tensor_slots(model, "parameters"), tensor_slots(model, "buffers")
+        canon = {id(p): n for n, p in named}
+        self._param_alias = {
+            n: canon[id(p)] for n, p in model.named_parameters(remove_duplicate=False) if n != canon[id(p)]
+        }
+        self._pslots = pslots if any(s != c for s, c in pslots.items()) else None
+        self._bslots = bslots if any(s != c for s, c in bslots.items()) else None
         model_devices = {p.device for _, p in named}
         if device is None and len(model_devices) > 1:
             raise ValueError(
@@ -116,99 +138,26 @@ class Objective:
                 "pass device=... to evaluate with copies on one device"
             )
         self._explicit_device = device is not None
-        self.device = torch.device(device) if device is not None else named[0][1].device
+        self.device = V.check_device(device) if device is not None else named[0][1].device
         self.dtype = dtype if dtype is not None else named[0][1].dtype
-        self.param_names = self._select(params, named)
+        self.param_names = select_params(params, named, self._param_alias)
         shapes = dict(named)
         self.param_shapes = [shapes[n].shape for n in self.param_names]
         self._numels = [int(math.prod(s)) for s in self.param_shapes]
         self.num_params = int(sum(self._numels))
 
+        self.random_forward = False  # set by the validation pass
+        self._mutated: set[str] = set()
+        self._batch_coupled: list[str] = []
+        self._output_kind: str | None = None
         self._data = [tuple(data)] if _is_single_batch(data) else data
-        self._scan()
+        V.validate_first_batch(self, *scan_data(self))
         if check_determinism:
             self.check_determinism()
 
-    # ------------------------------------------------------------------ selection and data
-    def _select(self, spec: ParamSelection, named: list[tuple[str, nn.Parameter]]) -> list[str]:
-        all_names = [n for n, _ in named]
-        if spec is None:
-            chosen = [n for n, p in named if p.requires_grad]
-            what = "parameters requiring grad"
-        elif isinstance(spec, nn.Module) or (
-            isinstance(spec, (list, tuple)) and spec and all(isinstance(m, nn.Module) for m in spec)
-        ):
-            mods = [spec] if isinstance(spec, nn.Module) else list(spec)
-            ids = {id(p) for m in mods for p in m.parameters()}
-            chosen = [n for n, p in named if id(p) in ids]
-            what = "the given module(s)"
-        elif isinstance(spec, str) or (
-            isinstance(spec, (list, tuple)) and all(isinstance(s, str) for s in spec)
-        ):
-            wanted = [spec] if isinstance(spec, str) else list(spec)
-
-            def hit(name: str, w: str) -> bool:
-                return name == w or name.startswith(w + ".")
-
-            unknown = [w for w in wanted if not any(hit(n, w) for n in all_names)]
-            if unknown:
-                raise ValueError(
-                    f"parameter selection {unknown} matches no parameter of the model; "
-                    f"available names: {all_names}"
-                )
-            chosen = [n for n in all_names if any(hit(n, w) for w in wanted)]
-            what = f"names {wanted}"
-        elif callable(spec):
-            chosen = [n for n in all_names if spec(n)]
-            what = "the callable"
-        else:
-            raise TypeError(
-                "params must be None, a name or list of names, a module or list of modules, "
-                f"or a callable name -> bool; got {type(spec).__name__}"
-            )
-        if not chosen:
-            raise ValueError(
-                f"the parameter selection ({what}) matches nothing; available names: {all_names}"
-            )
-        return chosen
-
-    def _scan(self) -> None:
-        """One pass over the data: batch sizes, type and device checks."""
-        if isinstance(self._data, torch.Tensor) or not isinstance(self._data, Iterable):
-            raise TypeError(
-                "data must be one (inputs, targets) batch or a re-iterable of such batches "
-                f"(list, DataLoader); got {type(self._data).__name__}"
-            )
-        if iter(self._data) is self._data:
-            raise TypeError(
-                "data is a one-shot iterator/generator and cannot be iterated twice; "
-                "pass a list of batches or a DataLoader instead (e.g. list(...))"
-            )
-        sizes = []
-        for k, batch in enumerate(self._data):
-            if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-                raise TypeError(f"batch {k} is not an (inputs, targets) pair but {type(batch).__name__}")
-            inputs, targets = batch
-            if not _is_inputs(inputs) or not isinstance(targets, torch.Tensor):
-                raise TypeError(
-                    f"batch {k}: inputs must be a tensor, tuple of tensors or dict of tensors and "
-                    "targets a tensor"
-                )
-            if targets.ndim == 0:
-                raise ValueError(f"batch {k}: targets must have a batch dimension, got a 0-d tensor")
-            if not self._explicit_device:
-                for t in [*_tensors(inputs), targets]:
-                    if t.device != self.device:
-                        raise ValueError(
-                            f"batch {k} lies on device {t.device} but the model's parameters are on "
-                            f"{self.device}; pass device='{t.device}' to Objective (evaluates with "
-                            f"copies there) or move the model/data with .to('{t.device}')"
-                        )
-            sizes.append(int(targets.shape[0]))
-        if not sizes or sum(sizes) == 0:
-            raise ValueError("data is empty: it holds no batches / no examples")
-        self.batch_sizes = sizes
-        self._local_num_examples = sum(sizes)
+    @property
+    def _fixed_rng(self) -> bool:
+        return self.stochastic == "fixed" and self.random_forward
 
     @property
     def num_examples(self) -> int:
@@ -224,23 +173,39 @@ class Objective:
         return t.to(device=self.device)
 
     def batches(self) -> Iterator[tuple[Inputs, torch.Tensor, float]]:
-        """Yield ``(inputs, targets, weight)`` on the objective's device/dtype (float targets cast)."""
+        """Yield ``(inputs, targets, weight)`` on the objective's device/dtype (float targets cast).
+
+        Raises TypeError at the end of a pass that saw another number of examples than the scan at
+        construction (a one-shot or changing data source: results would be silently wrong)."""
         it = self._data
         if self.progress:
             from tqdm.auto import tqdm
 
             it = tqdm(it, total=len(self.batch_sizes), desc="batches", leave=False)
+        seen = 0
         for inputs, targets in it:
+            seen += int(targets.shape[0])
             yield (
                 _map_inputs(inputs, self._convert),
                 self._convert(targets),
                 self._weight(int(targets.shape[0])),
             )
+        if seen != self._local_num_examples:
+            raise one_shot_error(
+                f"this pass over the data saw {seen} examples but the Objective was built on "
+                f"{self._local_num_examples}"
+            )
 
     # ------------------------------------------------------------------ parameters
-    def _all_current(self) -> dict[str, torch.Tensor]:
-        """All parameters (selected and frozen), detached, on dtype/device (may alias the model's)."""
-        return {n: self._convert(p.detach()) for n, p in self.model.named_parameters()}
+    def _all_current(self, copy: bool = False) -> dict[str, torch.Tensor]:
+        """All parameters (selected and frozen), detached, on dtype/device; they alias the model's
+        tensors where no conversion was needed unless ``copy``."""
+        out = {}
+        for n, p in self.model.named_parameters():
+            d = p.detach()
+            t = self._convert(d)
+            out[n] = t.clone() if copy and t is d else t  # .to() returns self when nothing changes
+        return out
 
     def all_params(self) -> dict[str, torch.Tensor]:
         """Copies of all parameters (selected and frozen) in the objective's dtype/device."""
@@ -282,9 +247,10 @@ class Objective:
             offset += numel
         return out
 
-    def _merge(self, params: Any = None) -> dict[str, torch.Tensor]:
-        """Full parameter dict: current values, overridden by ``params`` (dict subset or flat vector)."""
-        full = self._all_current()
+    def _merge(self, params: Any = None, copy: bool = False) -> dict[str, torch.Tensor]:
+        """Full parameter dict: current values, overridden by ``params`` (dict subset or flat vector);
+        with ``copy`` no entry aliases the model's own tensors."""
+        full = self._all_current(copy)
         if params is None:
             return full
         if isinstance(params, torch.Tensor):
@@ -296,10 +262,13 @@ class Objective:
             params = self.unflatten(params)
         if not isinstance(params, Mapping):
             raise TypeError("params must be None, a dict name -> tensor or a flat [p] tensor")
-        unknown = [n for n in params if n not in full]
+        unknown = [n for n in params if self._param_alias.get(n, n) not in full]
         if unknown:
             raise ValueError(f"unknown parameter names {unknown}; available names: {list(full)}")
         for n, t in params.items():
+            n = self._param_alias.get(n, n)
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"parameter {n!r} must be a tensor, got {type(t).__name__}")
             if tuple(t.shape) != tuple(full[n].shape):
                 raise ValueError(
                     f"parameter {n!r} has shape {tuple(t.shape)}, expected {tuple(full[n].shape)}"
@@ -310,15 +279,46 @@ class Objective:
         return full
 
     # ------------------------------------------------------------------ evaluation
+    def _functional(
+        self, full_params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], inputs
+    ):
+        """The raw ``functional_call``: every parameter/buffer slot filled exactly once (tied slots
+        with their canonical tensor; torch's ``tie_weights`` would restore a module registered under
+        two names with the copy), nothing of the model's own tensors touched."""
+        if self._mutated:  # written to in place by the forward: clones (torch.func refuses captures)
+            full_params = {n: t.clone() if n in self._mutated else t for n, t in full_params.items()}
+            buffers = {n: t.clone() if n in self._mutated else t for n, t in buffers.items()}
+        ps = full_params if self._pslots is None else {s: full_params[c] for s, c in self._pslots.items()}
+        bs = buffers if self._bslots is None else {s: buffers[c] for s, c in self._bslots.items()}
+        return functional_call(self.model, (dict(ps), dict(bs)), _as_args(inputs), tie_weights=False)
+
+    def _pick_output(self, out: Any, first: bool = False) -> torch.Tensor:
+        kind = self._output_kind
+        if kind is None:
+            kind = output_kind(out, self.output_fn)
+            if first:
+                self._output_kind = kind
+        return pick_output(out, kind, self.output_fn)
+
     def _call(self, full_params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], inputs):
-        return functional_call(self.model, (dict(full_params), dict(buffers)), _as_args(inputs))
+        if self._fixed_rng:
+            with forked_rng(self.device, self.seed):
+                return self._pick_output(self._functional(full_params, buffers, inputs))
+        return self._pick_output(self._functional(full_params, buffers, inputs))
+
+    def call(self, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], inputs: Inputs):
+        """Outputs for explicit parameter and buffer dicts (canonical names; every parameter and
+        buffer must be given): the functional call every evaluation of the objective uses (tied
+        slots, ``output_fn``, ``stochastic``), for evaluators that manage their own copies."""
+        return self._call(params, buffers, inputs)
 
     def forward(self, params: Any = None, inputs: Inputs | None = None) -> torch.Tensor:
-        """Model outputs at ``params`` (missing names: current values) on ``inputs`` (converted)."""
+        """Model outputs at ``params`` (missing names: copies of the current values) on ``inputs``."""
         if inputs is None:
             raise ValueError("forward needs inputs (a tensor, tuple or dict of tensors)")
         with self._evaluating():
-            return self._call(self._merge(params), self.buffers(), _map_inputs(inputs, self._convert))
+            full = self._merge(params, copy=True)
+            return self._call(full, self.buffers(), _map_inputs(inputs, self._convert))
 
     def _batch_loss(self, full_params, buffers, inputs, targets, weight):
         return weight * self.loss_fn(self._call(full_params, buffers, inputs), targets)
@@ -327,13 +327,15 @@ class Objective:
         """Sum over data-parallel ranks (identity here; see ``landscape.distributed``)."""
         return t
 
-    @staticmethod
-    def _check_finite(value: torch.Tensor, k: int) -> None:
+    def _check_finite(
+        self, value: torch.Tensor, k: int, full: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
         if not bool(torch.isfinite(value).all()):
-            raise ValueError(
-                f"the loss on batch {k} is not finite ({float(value):g}); check the inputs/targets of "
-                "that batch, the model's parameters, or use dtype=torch.float64"
-            )
+            raise ValueError(V.nonfinite_message(self, value, k, full))
+
+    def _require_fixed(self, what: str, per_example: bool = False) -> None:
+        """Refuse to build curvature operators on non-finite data or a random forward."""
+        V.require_fixed(self, what, per_example)
 
     def loss(self, params: Any = None) -> torch.Tensor:
         """Whole-dataset loss ``sum_k w_k loss_fn(f(X_k), y_k)`` (a 0-d tensor, no graph kept)."""
@@ -342,7 +344,7 @@ class Objective:
             total = torch.zeros((), dtype=self.dtype, device=self.device)
             for k, (x, y, w) in enumerate(self.batches()):
                 lk = self._batch_loss(full, bufs, x, y, w)
-                self._check_finite(lk, k)
+                self._check_finite(lk, k, full)
                 total = total + lk
             return self._all_reduce(total)
 
@@ -359,8 +361,9 @@ class Objective:
             for k, (x, y, w) in enumerate(self.batches()):
                 with torch.enable_grad():
                     lk = self._batch_loss(full, bufs, x, y, w)
-                self._check_finite(lk, k)
+                self._check_finite(lk, k, full)
                 gs = torch.autograd.grad(lk, [leaves[n] for n in names], allow_unused=True)
+                V.check_gradient(names, gs, k, lk)
                 grad += torch.cat(
                     [
                         (g if g is not None else torch.zeros_like(leaves[n])).reshape(-1)
@@ -384,7 +387,7 @@ class Objective:
             for k, (x, y, w) in enumerate(self.batches()):
                 out = self._call(full, bufs, x)
                 lk = w * self.loss_fn(out, y)
-                self._check_finite(lk, k)
+                self._check_finite(lk, k, full)
                 total = total + lk
                 c = _num_correct(out, y) if classify else None
                 if c is None:
@@ -403,30 +406,7 @@ class Objective:
 
     def check_determinism(self, rtol: float = 1e-6) -> bool:
         """Evaluate every batch loss twice; warn (and return False) if the two passes disagree."""
-
-        def one_pass():
-            with self.guard(), torch.no_grad():
-                full = self._merge(None)
-                return [
-                    (len(y), float(self._batch_loss(full, self.buffers(), x, y, w)))
-                    for x, y, w in self.batches()
-                ]
-
-        a, b = one_pass(), one_pass()
-        same = len(a) == len(b) and all(
-            na == nb and abs(la - lb) <= rtol * max(abs(la), abs(lb), 1e-30)
-            for (na, la), (nb, lb) in zip(a, b)
-        )
-        if not same:
-            warnings.warn(
-                "Objective: two passes over the data gave different losses; the objective is not a "
-                "deterministic function of the parameters. Typical causes: data augmentation, dropout "
-                "(mode='train'), or a shuffling DataLoader (use shuffle=False). Curvature estimates "
-                "will be noisy/inconsistent.",
-                UserWarning,
-                stacklevel=3,
-            )
-        return same
+        return V.check_determinism(self, rtol)
 
     # ------------------------------------------------------------------ variants
     def _kwargs(self) -> dict[str, Any]:
@@ -438,6 +418,9 @@ class Objective:
             device=self.device if self._explicit_device else None,
             check_determinism=False,
             progress=self.progress,
+            output_fn=self.output_fn,
+            stochastic=self.stochastic,
+            seed=self.seed,
         )
 
     def subset(self, params: ParamSelection) -> Objective:
@@ -457,11 +440,12 @@ class Objective:
 
     def config(self) -> dict[str, Any]:
         """JSON-friendly description recorded in results."""
+        output = self._output_kind
+        if output == "output_fn":
+            output = "output_fn:" + getattr(self.output_fn, "__name__", type(self.output_fn).__name__)
         return {
             "model": type(self.model).__name__,
-            "loss": type(self.loss_fn).__name__
-            if isinstance(self.loss_fn, nn.Module)
-            else getattr(self.loss_fn, "__name__", type(self.loss_fn).__name__),
+            "loss": V.loss_name(self.loss_fn),
             "num_params": self.num_params,
             "param_names": list(self.param_names),
             "num_examples": self.num_examples,
@@ -471,6 +455,10 @@ class Objective:
             "mode": self.mode,
             "dtype": str(self.dtype).replace("torch.", ""),
             "device": str(self.device),
+            "output": output,
+            "random_forward": self.random_forward,
+            "stochastic": self.stochastic,
+            "seed": self.seed if self.stochastic == "fixed" else None,
         }
 
     def __repr__(self) -> str:
@@ -483,23 +471,25 @@ class Objective:
     # ------------------------------------------------------------------ model safety
     @contextlib.contextmanager
     def _evaluating(self) -> Iterator[None]:
-        """Put every module in the objective's mode; restore each module's own flag afterwards."""
+        """Put every module in the objective's mode; restore every module's own flag afterwards
+        (also those the forward itself switched, e.g. MC dropout's ``self.drop.train()``)."""
         want = self.mode == "train"
-        changed = [m for m in self._modules if m.training != want]
+        flags = [m.training for m in self._modules]
         try:
-            for m in changed:
-                m.training = want
+            for m, f in zip(self._modules, flags):
+                if f != want:
+                    m.training = want
             yield
         finally:
-            for m in changed:
-                m.training = not want
+            for m, f in zip(self._modules, flags):
+                if m.training != f:
+                    m.training = f
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
-        """Snapshot parameters, buffers, ``.grad``, ``requires_grad`` and modes; restore bit-exactly.
-
-        Restores also when the body raises (:func:`landscape.guard.model_guard`); the model is
-        additionally put into the objective's mode for the duration of the block.
-        """
+        """Snapshot parameters, buffers, ``.grad``, ``requires_grad``, modes and the tensor objects in
+        every module slot; restore bit-exactly, also when the body raises
+        (:func:`landscape.guard.model_guard`); the model is additionally put into the objective's
+        mode for the duration of the block."""
         with model_guard(self.model, self._all_param_objs, self._modules), self._evaluating():
             yield

@@ -41,10 +41,13 @@ class CurvatureOperator:
     """
 
     name = "curvature"
+    _per_example = False  # built from per-example gradients (undefined for a random forward)
 
     def __init__(self, objective: Objective, params: Any = None) -> None:
         if not isinstance(objective, Objective):
             raise TypeError(f"expected a landscape.Objective, got {type(objective).__name__}")
+        # non-finite data, or a forward drawing random numbers without stochastic="fixed": refuse
+        objective._require_fixed(self.name.replace("_", " "), per_example=self._per_example)
         self.objective = objective
         full = objective._merge(params)
         # private copies: products never touch (or alias) the caller's parameters
@@ -93,14 +96,35 @@ class CurvatureOperator:
         V = V.to(device=self.device, dtype=self.dtype)
         if V.shape[1] == 0:
             return V.clone()
-        # Products run on private parameter copies and buffer copies (``objective.buffers()``) and
-        # never call ``.backward`` on the model, so only the train/eval flags need restoring: a full
-        # ``guard()`` snapshot per product would cost a copy of the model every time.
+        if not bool(torch.isfinite(V).all()):
+            raise ValueError(f"the block multiplied by the {self.name} operator contains NaN/inf entries")
+        # Products run on private parameter copies and buffer copies (``objective.buffers()``), fill
+        # every module slot exactly once (``Objective._functional``) and never call ``.backward`` on
+        # the model, so only the train/eval flags need restoring (every module's, also those the
+        # forward switches itself): a full ``guard()`` snapshot per product would cost a copy of the
+        # model every time.
         with self.objective._evaluating():
             out = self._matmat(V)
         out = self.objective._all_reduce(out)
+        self._check_finite(out)
         self.matvecs += V.shape[1]
         return out
+
+    def _check_finite(self, out: torch.Tensor) -> None:
+        """A NaN/inf product names the parameters whose rows are affected (instead of NaN results)."""
+        if bool(torch.isfinite(out).all()):
+            return
+        rows = ~torch.isfinite(out).all(dim=1)
+        obj, names, off = self.objective, [], 0
+        for n, numel in zip(obj.param_names, obj._numels):
+            if bool(rows[off : off + numel].any()):
+                names.append(n)
+            off += numel
+        raise ValueError(
+            f"the {self.name} product is not finite in the rows of parameter(s) {names}: the gradient "
+            "or its derivative is NaN/inf there at this point (e.g. sqrt, norm or pow at 0, log of 0, "
+            "overflow in float32); check the model at this point or use dtype=torch.float64"
+        )
 
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
         """``A @ v`` for ``v`` of shape ``[p]``."""

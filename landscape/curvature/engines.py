@@ -66,6 +66,7 @@ class HVPEngine:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size}")
+        objective._require_fixed("hessian")
         self.objective = objective
         self.engine = engine
         self.chunk_size = chunk_size
@@ -148,8 +149,12 @@ class HVPEngine:
             def hv(t, g=g):
                 return jvp(g, (self._theta,), (t,))[1]
 
-            if k == 1:  # no vmap overhead for a single probe
-                res = {n: t.unsqueeze(0) for n, t in hv({n: t[0] for n, t in tangents.items()}).items()}
+            if k == 1 or obj._fixed_rng:
+                # one probe: no vmap overhead.  stochastic="fixed": every forward re-seeds, but a
+                # random op under vmap may draw its mask differently (on CUDA dropout is not the
+                # fused kernel there), so the probes go one by one through the plain forward
+                cols = [hv({n: t[j] for n, t in tangents.items()}) for j in range(k)]
+                res = {n: torch.stack([c[n] for c in cols]) for n in cols[0]}
             else:
                 res = vmap(hv, chunk_size=self.chunk_size)(tangents)
             flat = self._join(res, k)

@@ -21,10 +21,12 @@ class EmpiricalFisherOperator(CurvatureOperator):
     ``g_n`` is the gradient of ``loss_fn`` on example ``n`` alone, computed for a whole batch at once
     with ``vmap`` over examples; ``F V = c sum_b G_b^T (G_b V)`` with ``G_b`` the ``[B, p]`` matrix of
     per-example gradients.  The ``G_b`` are kept between calls while they fit in ``cache_bytes``.
-    BatchNorm must be in eval mode (per-example gradients of batch statistics are not defined).
+    BatchNorm must be in eval mode (per-example gradients of batch statistics are not defined) and
+    the forward deterministic: both are refused at construction with a ValueError.
     """
 
     name = "empirical_fisher"
+    _per_example = True
 
     def __init__(
         self,

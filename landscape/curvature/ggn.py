@@ -139,7 +139,9 @@ class GGNOperator(CurvatureOperator):
         self.chunk_size = chunk_size
         self.jvp = jvp
         self.cache = len(objective.batch_sizes) == 1 if cache == "auto" else bool(cache)
-        self._state: dict[str, Any] = {}
+        # stochastic="fixed": every forward re-seeds, but a random op under vmap may draw its mask
+        # differently from the plain forward (on CUDA), so the columns go one by one
+        self._state: dict[str, Any] = {"vmap": False} if objective._fixed_rng else {}
         self._linearised: list[_Linearised] | None = None
 
     def _batches(self):
