@@ -73,6 +73,9 @@ def _sweep_playground(problem: str, selections: list[list[str]]) -> None:
         if i:
             at.multiselect(key="optimizers").set_value(chosen).run()
         _clean(at, (problem, chosen))
+        # the per-problem defaults are stable: no run diverges or leaves the plot
+        assert not at.warning, (problem, chosen, [w.value for w in at.warning])
+        assert set(at.dataframe[0].value["status"]) == {"ok"}, (problem, chosen)
         assert set(chosen) <= _contour_names(at), (problem, chosen)
         # one table row per run, whatever happened to it
         rows = at.dataframe[0].value

@@ -110,9 +110,11 @@ def vsam_fig1(out: Path, resolution: int) -> dict:
         "smoothing": f"tensor-product Gauss-Hermite, {P['n_quad']} nodes per axis",
         "panels": {},
     }
+    # one colour scale for the four compared surfaces (levels from all of them), one colour bar
+    levels = contour_levels(np.concatenate([np.ravel(P[k]) for k in "ABCD"]))
     for ax, key in zip(axes, "ABCD"):
         Z = P[key]
-        ax.contourf(xs, ys, Z, levels=contour_levels(Z), cmap="viridis", extend="max")
+        cs = ax.contourf(xs, ys, Z, levels=levels, cmap="viridis", extend="max")
         summ = _basin_summary(xs, ys, Z)
         for b in summ:
             if not b["on_grid_edge"]:
@@ -126,6 +128,7 @@ def vsam_fig1(out: Path, resolution: int) -> dict:
         )
         ax.set_xlabel(r"$\mu$")
     axes[0].set_ylabel(r"$\sigma$")
+    fig.colorbar(cs, ax=list(axes), fraction=0.015, pad=0.01, format="%.2f", label="value (loss units)")
     fig.suptitle(
         f"VSAM Fig. 1 ($\\rho$ = {VSAM_RHO}): red stars = local minima of each surface", fontsize=9, y=1.08
     )

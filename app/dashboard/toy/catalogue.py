@@ -132,11 +132,19 @@ def hyper_defaults(name: str, problem: str | None = None) -> dict[str, float]:
     if name not in OPTIMIZERS:
         raise KeyError(f"unknown optimizer {name!r}; choose from {sorted(OPTIMIZERS)}")
     out = {h.name: h.default for h in OPTIMIZERS[name].hypers}
-    out.update(PROBLEM_SETTINGS.get(problem or "", {}).get("hypers", {}).get(name, {}))
+    settings = PROBLEM_SETTINGS.get(problem or "", {})
+    if "lr" in settings and name not in OWN_LR_SCALE:
+        out["lr"] = settings["lr"]
+    out.update(settings.get("hypers", {}).get(name, {}))
     return out
 
 
-# Problem-specific settings: a start point, a step count and hyperparameters on the right scale.
+#: optimizers whose learning rate is not a plain gradient step (Adam's is a step length per
+#: coordinate, bSAM's a natural-gradient step): a problem's "lr" does not apply to them
+OWN_LR_SCALE = frozenset({"Adam", "BayesianSAM"})
+
+# Problem-specific settings: a start point, a step count, the learning rate of the gradient-step
+# optimizers (stable for the problem's curvature along the default paths) and per-optimizer values.
 PROBLEM_SETTINGS: dict[str, dict[str, Any]] = {
     # Fisher-SAM Fig. 2 setting (toy_problems.figures.FSAM_SETTINGS): SAM ends in the sharp basin,
     # Fisher-SAM crosses to the flat one
@@ -162,13 +170,23 @@ PROBLEM_SETTINGS: dict[str, dict[str, Any]] = {
     "rosenbrock": {
         "start": (-1.5, 2.0),
         "steps": 300,
-        "hypers": {"GD": {"lr": 1e-3}, "SAM": {"lr": 1e-3, "rho": 0.05}},
+        "lr": 5e-4,
+        "hypers": {
+            "GD": {"lr": 1e-3},
+            "SAM": {"lr": 1e-3, "rho": 0.05},
+            "BayesianSAM": {"lr": 0.01, "rho": 1e-3},
+        },
     },
+    "beale": {"lr": 3e-4, "hypers": {"BayesianSAM": {"lr": 0.01, "rho": 1e-4}}},
     "himmelblau": {
         "start": (0.0, 0.0),
         "steps": 200,
-        "hypers": {"GD": {"lr": 0.01}, "SAM": {"lr": 0.01, "rho": 0.3}},
+        "lr": 0.01,
+        "hypers": {"SAM": {"lr": 0.01, "rho": 0.3}},
     },
+    "rastrigin": {"lr": 0.01},
+    # curvature 100 along y: a gradient step needs lr < 2/100
+    "ill_conditioned_quadratic": {"lr": 0.015, "hypers": {"ASAM": {"rho": 0.1}}},
 }
 
 
