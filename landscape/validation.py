@@ -371,6 +371,7 @@ def validate_first_batch(obj: Any, inputs: Any, targets: torch.Tensor) -> None:
         # mutates a parameter): every later forward gets private clones of them
         obj._mutated = {n for n, t in [*full.items(), *bufs.items()] if t._version != versions[n]}
         obj._batch_coupled = sorted(set(coupled))
+        obj.random_forward = any(not torch.equal(a, b) for a, b in zip(before, rng_state(obj.device)))
         out = obj._pick_output(raw, first=True)
         _check_targets(obj, out, y)
         with warnings.catch_warnings(record=True) as caught:
@@ -396,7 +397,9 @@ def validate_first_batch(obj: Any, inputs: Any, targets: torch.Tensor) -> None:
                 )
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         _check_loss_value(obj, loss, out)
-        obj.random_forward = any(not torch.equal(a, b) for a, b in zip(before, rng_state(obj.device)))
+        obj.random_forward = any(
+            not torch.equal(a, b) for a, b in zip(before, rng_state(obj.device))
+        )  # loss too
     _check_batch_of_one(obj, x)
 
 
