@@ -229,6 +229,10 @@ def test_legends_sit_outside_the_axes():
         bayes.decision_boundaries_figure(R, samples=3),
         nw.training_figure({"SGD": _FakeRun([1.0])}),
     ]
+    # the contour lists each run once (its region and probe toggle with it) plus the known minima
+    shown = [t.name for t in figures[0].data if t.showlegend is not False and t.type == "scatter"]
+    assert shown == [f"minimum {m.label}".strip() for m in prob.minima] + ["GD", "SAM"]
+    assert {t.legendgroup for t in figures[0].data if t.name.startswith("SAM")} == {"SAM"}
     for fig in figures:
         legend = fig.layout.legend
         assert legend.y is not None and (legend.y < 0 or (legend.x or 0) > 1), fig.layout.title

@@ -103,6 +103,7 @@ def contour_figure(
                 marker=dict(size=4),
                 line=dict(color=color, width=2),
                 name=r.label,
+                legendgroup=r.label,  # one legend entry per run toggles its path, region and probe
             )
         )
         fig.add_trace(
@@ -111,6 +112,7 @@ def contour_figure(
                 y=[path[-1, 1]],
                 mode="markers",
                 showlegend=False,
+                legendgroup=r.label,
                 marker=dict(symbol="x", size=12, color=color),
                 name=f"{r.label} end",
             )
@@ -138,6 +140,8 @@ def _add_neighbourhood(fig: go.Figure, prob, r: Run, step: int, color: str, path
             y=region[:, 1],
             mode="lines",
             name=f"{r.label} neighbourhood",
+            legendgroup=r.label,
+            showlegend=False,
             line=dict(color=color, dash="dot"),
         )
     )
@@ -151,6 +155,8 @@ def _add_neighbourhood(fig: go.Figure, prob, r: Run, step: int, color: str, path
                 y=[w[1], w[1] + e[1]],
                 mode="lines+markers",
                 name=f"{r.label} probe",
+                legendgroup=r.label,
+                showlegend=False,
                 line=dict(color=color, width=3),
                 marker=dict(symbol="arrow", angleref="previous", size=10),
             )
