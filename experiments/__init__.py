@@ -10,8 +10,8 @@
   each run; :mod:`experiments.train`: one run (checkpointed every epoch, resumable bit-exactly);
 * :mod:`experiments.methods`: optimizers by name; :mod:`experiments.amp`: mixed precision;
   :mod:`experiments.parallel`: ``torchrun`` (grid split or data parallel);
-* :mod:`experiments.data`, :mod:`experiments.augment`: data sets, label noise, augmentation,
-  CIFAR-10-C; :mod:`experiments.evaluate`: metrics, Bayesian model averages, sharpness;
+* :mod:`experiments.data`: data sets (``landscape.data``), subsets, label noise, OOD sets;
+  :mod:`experiments.evaluate`: metrics, Bayesian model averages, CIFAR-10-C, sharpness;
 * :mod:`experiments.table`: mean ± std over seeds, next to the papers' numbers, and a figure.
 
 This package builds on ``landscape`` and ``optimizers``; neither imports it.

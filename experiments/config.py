@@ -65,6 +65,7 @@ DEFAULTS: dict[str, Any] = {
         "limit_test": 0,
         "augmentation": "none",
         "crop_padding": 4,
+        "crop_fill": "mean",
         "label_noise": 0.0,
         "label_noise_mode": "flip",
         "label_noise_seed": -1,
@@ -109,7 +110,8 @@ DEFAULTS: dict[str, Any] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "precision": ("float32", "float64", "bf16", "fp16"),
     "data.augmentation": ("none", "flip", "crop_flip"),
-    "data.label_noise_mode": ("flip", "uniform"),
+    "data.label_noise_mode": ("flip", "uniform", "asymmetric"),
+    "data.crop_fill": ("mean", "black"),
     "train.schedule": ("cosine", "step", "constant"),
     "distributed.mode": ("grid", "data_parallel"),
     "distributed.perturbation": ("global", "local"),

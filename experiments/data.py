@@ -1,30 +1,19 @@
 """The data of one run: training/test sets from the ``landscape.data.load_dataset`` registry, subsets
-(``limit`` and ``budget``), symmetric label noise, an OOD set, and CIFAR-10-C.
-
-Label noise and augmentation are implemented here (minimal versions, see :mod:`experiments.augment`)
-because the ``landscape.data`` package offers none; both are seeded and device-agnostic.
+(``limit`` and ``budget``), label noise (``landscape.data.symmetric_label_noise`` /
+``asymmetric_label_noise``), an OOD set, and CIFAR-10-C (``landscape.data.load_cifar10c``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from experiments.config import data_limit
 
-__all__ = [
-    "CIFAR10C_CORRUPTIONS",
-    "CIFAR10C_GROUPS",
-    "RunData",
-    "load_corruption",
-    "prepare_data",
-    "symmetric_label_noise",
-]
+__all__ = ["CIFAR10C_GROUPS", "RunData", "corruption_root", "make_noise", "prepare_data"]
 
 #: Subset choice is independent of the run's seed, so every method and seed sees the same examples.
 SUBSET_SEED = 20240917
@@ -37,8 +26,6 @@ CIFAR10C_GROUPS: dict[str, tuple[str, ...]] = {
     "weather": ("snow", "frost", "fog", "brightness", "spatter"),
     "digital": ("contrast", "elastic_transform", "pixelate", "jpeg_compression", "saturate"),
 }
-CIFAR10C_CORRUPTIONS: tuple[str, ...] = tuple(c for g in CIFAR10C_GROUPS.values() for c in g)
-_CIFAR10_STATS = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))  # as landscape.data's CIFAR-10
 
 
 @dataclass
@@ -52,7 +39,7 @@ class RunData:
     y_test: torch.Tensor
     num_classes: int
     x_ood: torch.Tensor | None = None
-    noise: dict[str, Any] = field(default_factory=dict)
+    noise: Any = None  # landscape.data.NoisyLabels when label noise is on
     train_indices: torch.Tensor | None = None
 
 
@@ -72,38 +59,6 @@ def _subset(n: int, k: int) -> torch.Tensor:
     return perm[:k].sort().values
 
 
-def symmetric_label_noise(
-    labels: torch.Tensor, rate: float, num_classes: int, *, mode: str = "flip", seed: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric label noise (van Rooyen et al. 2015), seeded; returns ``(noisy, changed)``.
-
-    * ``mode="flip"``: exactly ``round(rate * N)`` examples (a seeded random choice) get a label drawn
-      uniformly from the *other* ``C - 1`` classes, so the share of wrong labels is ``rate``
-      (G-TRACER's "50% of examples are incorrectly labeled");
-    * ``mode="uniform"``: each label is, with probability ``rate``, replaced by a class drawn
-      uniformly from all ``C`` classes (it may stay correct; expected wrong share ``rate (C-1)/C``).
-
-    ``changed`` is the boolean mask of labels that differ from the clean ones.
-    """
-    if not 0.0 <= rate < 1.0:
-        raise ValueError(f"label-noise rate must lie in [0, 1), got {rate}")
-    if num_classes < 2:
-        raise ValueError(f"label noise needs at least 2 classes, got {num_classes}")
-    gen = torch.Generator().manual_seed(int(seed))
-    y = labels.clone().long().cpu()
-    n = len(y)
-    if mode == "flip":
-        idx = torch.randperm(n, generator=gen)[: int(round(rate * n))]
-        shift = torch.randint(1, num_classes, (len(idx),), generator=gen)
-        y[idx] = (y[idx] + shift) % num_classes
-    elif mode == "uniform":
-        pick = torch.rand(n, generator=gen) < rate
-        y[pick] = torch.randint(0, num_classes, (int(pick.sum()),), generator=gen)
-    else:
-        raise ValueError(f"label-noise mode must be 'flip' or 'uniform', got {mode!r}")
-    return y, y != labels.cpu()
-
-
 def _ood(spec: str, kwargs: dict[str, Any], like: torch.Tensor, limit: int, budget: float) -> torch.Tensor:
     """The OOD inputs: ``gaussian-noise`` (standard normal inputs shaped like the test set, seeded)
     or the test split of a ``load_dataset`` spec, subset like the test set."""
@@ -120,6 +75,24 @@ def _ood(spec: str, kwargs: dict[str, Any], like: torch.Tensor, limit: int, budg
     return x[_subset(len(x), data_limit(len(x), limit, budget, 100))].to(like.dtype)
 
 
+def make_noise(labels: torch.Tensor, num_classes: int, d: dict[str, Any], seed: int) -> Any:
+    """Label noise of ``data``: ``flip`` (exactly ``round(rate N)`` labels moved to a uniformly drawn
+    *other* class), ``uniform`` (each label redrawn from all classes with probability ``rate``) or
+    ``asymmetric`` (CIFAR-10 class pairs of Patrini et al. 2017); seeded by ``label_noise_seed``
+    (``-1``: the run's seed)."""
+    from landscape.data import asymmetric_label_noise, symmetric_label_noise
+
+    noise_seed = seed if d["label_noise_seed"] < 0 else d["label_noise_seed"]
+    mode, rate = d["label_noise_mode"], d["label_noise"]
+    if mode == "asymmetric":
+        return asymmetric_label_noise(
+            labels, rate, "cifar10", num_classes=max(num_classes, 10), seed=noise_seed
+        )
+    if mode == "uniform":
+        return symmetric_label_noise(labels, rate, num_classes, seed=noise_seed, exact=False, target="any")
+    return symmetric_label_noise(labels, rate, num_classes, seed=noise_seed, exact=True, target="other")
+
+
 def prepare_data(cfg: dict[str, Any], seed: int) -> RunData:
     """Load and subset the data of a run, add label noise; every choice from ``cfg`` and ``seed``."""
     d, e, budget = cfg["data"], cfg["evaluation"], float(cfg["budget"])
@@ -132,82 +105,26 @@ def prepare_data(cfg: dict[str, Any], seed: int) -> RunData:
     te_idx = _subset(len(y_te), data_limit(len(y_te), d["limit_test"], budget, 100))
     x_tr, y_tr, x_te, y_te = x_tr[tr_idx], y_tr[tr_idx], x_te[te_idx], y_te[te_idx]
     num_classes = int(max(int(y_tr.max()), int(y_te.max())) + 1)
-    noisy, noise = y_tr, {}
+    mk = cfg["model"]["kwargs"]  # a subset may miss the last classes: the model's output size counts
+    declared = mk.get("num_classes", (mk.get("sizes") or [0])[-1])
+    if isinstance(declared, int) and not isinstance(declared, bool):
+        num_classes = max(num_classes, declared)
+    noise = None
     if d["label_noise"] > 0:
-        noise_seed = seed if d["label_noise_seed"] < 0 else d["label_noise_seed"]
-        noisy, changed = symmetric_label_noise(
-            y_tr, d["label_noise"], num_classes, mode=d["label_noise_mode"], seed=noise_seed
-        )
-        noise = {
-            "rate": d["label_noise"],
-            "mode": d["label_noise_mode"],
-            "seed": noise_seed,
-            "changed": int(changed.sum()),
-            "changed_fraction": float(changed.float().mean()),
-        }
+        noise = make_noise(y_tr, num_classes, d, seed)
+    noisy = noise.labels if noise is not None else y_tr
     x_ood = _ood(e["ood"], dict(e["ood_kwargs"]), x_te, d["limit_test"], budget) if e["ood"] else None
     return RunData(x_tr, noisy, y_tr, x_te, y_te, num_classes, x_ood, noise, tr_idx)
 
 
 # ---------------------------------------------------------------------------------- CIFAR-10-C
-def _corruption_root(spec: str) -> Path:
+def corruption_root(spec: str) -> str | None:
+    """The directory of ``evaluation.corruptions``: ``DIR``, ``cifar10c:DIR`` or ``cifar10c`` (then
+    ``$SHARPSCAPE_DATA``, as ``landscape.data.load_cifar10c``)."""
     name, _, where = spec.partition(":")
-    root = Path(where or name)
-    if not root.is_dir():
-        raise FileNotFoundError(
-            f"CIFAR-10-C directory {root} does not exist; set evaluation.corruptions to the directory "
-            "holding <corruption>.npy and labels.npy (nothing is downloaded)"
-        )
-    return root
-
-
-def load_corruption(
-    spec: str, corruption: str, severity: int, *, normalize: bool = True, limit: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """CIFAR-10-C (Hendrycks & Dietterich 2019) test images of one corruption and severity.
-
-    ``spec`` is ``DIR`` or ``cifar10-c:DIR`` holding ``<corruption>.npy`` (uint8 ``[50000, 32, 32,
-    3]``, severities 1..5 in blocks of 10,000) and ``labels.npy``. Inputs become ``[N, 3, 32, 32]``
-    in [0, 1], standardised with the CIFAR-10 training statistics when ``normalize`` (as
-    ``landscape.data``'s CIFAR-10). ``limit`` keeps a fixed subset of the 10,000.
-    """
-    from landscape.data import load_dataset
-
-    try:  # a registry entry, when landscape.data has one, takes precedence
-        return load_dataset(spec, "test", corruption=corruption, severity=severity)
-    except (ValueError, TypeError):
-        pass
-    if corruption not in CIFAR10C_CORRUPTIONS:
-        raise ValueError(
-            f"unknown CIFAR-10-C corruption {corruption!r}; known: {', '.join(CIFAR10C_CORRUPTIONS)}"
-        )
-    if severity not in (1, 2, 3, 4, 5):
-        raise ValueError(f"CIFAR-10-C severity must be 1..5, got {severity!r}")
-    root = _corruption_root(spec)
-    files = {"images": root / f"{corruption}.npy", "labels": root / "labels.npy"}
-    for what, path in files.items():
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"CIFAR-10-C: no {path.name} in {root} (expected the {what} file of the release)"
-            )
-    images = np.load(files["images"], mmap_mode="r", allow_pickle=False)
-    labels = np.load(files["labels"], allow_pickle=False)
-    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (32, 32, 3):
-        raise ValueError(
-            f"{files['images']}: expected uint8 images [N, 32, 32, 3], got {images.dtype} {images.shape}"
-        )
-    per = len(images) // 5
-    if len(labels) != len(images) or per * 5 != len(images):
-        raise ValueError(
-            f"{root}: {len(images)} images and {len(labels)} labels; expected 5 equal severity blocks"
-        )
-    lo = (severity - 1) * per
-    idx = _subset(per, per if limit is None else min(limit, per)).numpy() + lo
-    x = torch.as_tensor(np.asarray(images[idx], dtype=np.float64) / 255.0).permute(0, 3, 1, 2)
-    if normalize:
-        mean, std = (torch.tensor(s, dtype=torch.float64).view(1, 3, 1, 1) for s in _CIFAR10_STATS)
-        x = (x - mean) / std
-    return x.float().contiguous(), torch.as_tensor(labels[idx].astype(np.int64))
+    if name.lower().replace("-", "").replace("_", "") == "cifar10c":
+        return where or None
+    return spec
 
 
 def corruption_limit(budget: float, limit_test: int) -> int | None:

@@ -13,14 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.data import (
-    CIFAR10C_CORRUPTIONS,
-    CIFAR10C_GROUPS,
-    RunData,
-    _subset,
-    corruption_limit,
-    load_corruption,
-)
+from experiments.data import CIFAR10C_GROUPS, RunData, _subset, corruption_limit, corruption_root
 
 __all__ = ["evaluate_run", "predict_probs", "sharpness_measures"]
 
@@ -149,10 +142,14 @@ def _corruptions(
     progress: bool,
 ) -> dict[str, Any]:
     e = cfg["evaluation"]
-    names = list(e["corruption_names"]) or list(CIFAR10C_CORRUPTIONS)
-    normalize = bool(cfg["data"]["kwargs"].get("normalize", True))
+    from landscape.data import CIFAR10C_ALL_CORRUPTIONS, load_cifar10c
+
+    names = list(e["corruption_names"]) or list(CIFAR10C_ALL_CORRUPTIONS)
+    root = corruption_root(e["corruptions"])
+    normalize = cfg["data"]["kwargs"].get("normalize", True)
     limit = corruption_limit(float(cfg["budget"]), cfg["data"]["limit_test"])
     use_bma = e["corruption_bma"] and hasattr(opt, "bayesian_model_average")
+    dtype = next(model.parameters()).dtype
     table: dict[str, dict[str, Any]] = {}
     todo = [(c, s) for c in names for s in e["severities"]]
     bar = None
@@ -161,7 +158,7 @@ def _corruptions(
 
         bar = tqdm(total=len(todo), desc="CIFAR-10-C", unit="set", leave=False)
     for c, s in todo:
-        x, y = load_corruption(e["corruptions"], c, s, normalize=normalize, limit=limit)
+        x, y = load_cifar10c(root, c, s, dtype=dtype, normalize=normalize, limit=limit)
         probs = (
             _bma_probs(opt, model, x, cfg, seed, device, swag)
             if use_bma

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import io
 import itertools
 import json
 import os
@@ -38,7 +37,7 @@ from experiments.checkpoint import check_checkpoint
 from experiments.config import resolve_config, set_key
 from experiments.parallel import DistContext
 from experiments.toml_writer import dumps
-from landscape.io import atomic_write, atomic_write_json, atomic_write_text, read_json
+from landscape.io import atomic_write_json, atomic_write_text, read_json
 from landscape.results import Result
 
 __all__ = ["Run", "RunResult", "environment", "plan_runs", "run_one", "validate"]
@@ -122,6 +121,14 @@ def validate(runs: list[Run]) -> None:
             sharpness_measures(run.cfg)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        from landscape.data import CIFAR10C_ALL_CORRUPTIONS
+
+        bad = [c for c in run.cfg["evaluation"]["corruption_names"] if c not in CIFAR10C_ALL_CORRUPTIONS]
+        if bad:
+            raise ConfigError(
+                f"evaluation.corruption_names: unknown CIFAR-10-C corruption(s) {bad}; known: "
+                f"{', '.join(CIFAR10C_ALL_CORRUPTIONS)}"
+            )
 
 
 def fingerprint(cfg: dict[str, Any], *, training_only: bool) -> str:
@@ -177,21 +184,13 @@ def environment(device: torch.device, seed: int, ctx: DistContext) -> dict[str, 
 
 
 def _save_noise(run_dir: Path, data: Any) -> None:
-    if not data.noise:
+    """``noisy_labels.json``: the noisy and clean training labels and the flipped mask
+    (``landscape.data.NoisyLabels``, read back with ``landscape.load_result``) and the indices of the
+    training examples used (a subset under ``limit`` / ``budget``)."""
+    if data.noise is None:
         return
-
-    def write(p: Path) -> None:
-        with open(p, "wb") as fh:
-            buf = io.BytesIO()
-            np.savez_compressed(
-                buf,
-                clean=data.y_train_clean.numpy(),
-                noisy=data.y_train.numpy(),
-                train_indices=data.train_indices.numpy(),
-            )
-            fh.write(buf.getvalue())
-
-    atomic_write(run_dir / "noisy_labels.npz", write)
+    data.noise.config["train_indices"] = data.train_indices.tolist()
+    data.noise.save(run_dir / "noisy_labels.json")
 
 
 def completed(run: Run) -> dict[str, Any] | None:
@@ -246,8 +245,11 @@ def run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool 
             device=device,
             progress=progress,
         )
-        if trainer.data.noise:
-            details["label_noise"] = trainer.data.noise
+        if trainer.data.noise is not None:
+            details["label_noise"] = {
+                k: v for k, v in trainer.data.noise.config.items() if k != "train_indices"
+            }
+            details["label_noise"]["realised_rate"] = trainer.data.noise.realised_rate
         effective = {
             "epochs": trainer.cfg["train"]["epochs"],
             "n_train": trainer.n,

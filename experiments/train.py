@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 from experiments.amp import LossScaler, SkipStep, autocast_context, param_dtype
-from experiments.augment import augment_batch
 from experiments.checkpoint import load_checkpoint, save_checkpoint
 from experiments.config import ConfigError, apply_budget
 from experiments.data import RunData, prepare_data
@@ -109,6 +108,7 @@ class Trainer:
         self.steps_per_epoch = self.n // bs if t["drop_last"] else math.ceil(self.n / bs)
         self.x_train = self.data.x_train.to(device=device, dtype=self.dtype)
         self.y_train = self.data.y_train.to(device)
+        self.fill = _crop_fill(self.cfg, self.x_train)
         self.model = build_model(self.cfg, seed, self.dtype, device)
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=t["label_smoothing"])
         num_data = int(round(self.n * self.cfg["data"]["num_data_factor"]))
@@ -204,12 +204,23 @@ class Trainer:
         return closure
 
     # ------------------------------------------------------------------------------ epochs
+    def _augment(self, x: torch.Tensor) -> torch.Tensor:
+        """``data.augmentation``: ``flip`` or ``crop_flip`` (``landscape.data.random_hflip`` /
+        ``random_crop_flip``, flip probability 1/2) drawn from the run's augmentation generator, on
+        the whole global batch (so data-parallel ranks see the same images as one process)."""
+        from landscape.data import random_crop_flip, random_hflip
+
+        d, gen = self.cfg["data"], self.generators["augment"]
+        if d["augmentation"] == "flip":
+            return random_hflip(x, 0.5, generator=gen)
+        if d["augmentation"] == "crop_flip":
+            return random_crop_flip(x, d["crop_padding"], 0.5, generator=gen, fill=self.fill)
+        return x
+
     def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         idx = idx.to(self.device)
         x, y = self.x_train[idx], self.y_train[idx]
-        x = augment_batch(
-            x, self.cfg["data"]["augmentation"], self.generators["augment"], self.cfg["data"]["crop_padding"]
-        )
+        x = self._augment(x)
         lo, hi = self.ctx.shard(len(idx))
         return x[lo:hi], y[lo:hi]
 
@@ -319,6 +330,32 @@ class Trainer:
         finally:
             if logger is not None:
                 logger.close()
+
+
+def _crop_fill(cfg: dict[str, Any], x: torch.Tensor) -> Any:
+    """Checks the augmentation against the inputs; the padding value of ``crop_flip``: ``0`` (the
+    mean colour of standardised inputs) or, with ``crop_fill = "black"``, ``-mean / std`` of the data
+    set's channel statistics (torchvision pads raw images with black)."""
+    from landscape.data import CHANNEL_STATS, black_fill
+
+    d = cfg["data"]
+    if d["augmentation"] == "none":
+        return 0.0
+    if x.dim() != 4:
+        raise ConfigError(
+            f"data.augmentation = {d['augmentation']!r} needs image inputs [N, C, H, W], but {d['name']!r} "
+            f'gives {tuple(x.shape)}; use augmentation = "none" or an image data set (e.g. digits-image)'
+        )
+    if d["crop_fill"] == "mean":
+        return 0.0
+    norm = d["kwargs"].get("normalize", True)
+    key = norm if isinstance(norm, str) else d["name"].partition(":")[0].lower().replace("-", "")
+    if key not in CHANNEL_STATS or norm is False:
+        raise ConfigError(
+            f'data.crop_fill = "black" needs the channel statistics of the data set; {key!r} has none '
+            f'(known: {sorted(CHANNEL_STATS)}); use crop_fill = "mean"'
+        )
+    return black_fill(key)
 
 
 def _swag_to(opt: Any, device: torch.device) -> None:
