@@ -370,6 +370,23 @@ def test_bad_setup_errors():
     assert ok.check(model, 0)["threshold"] == pytest.approx(20.0)
 
 
+# ------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+def test_cuda_model_and_adam_state_give_the_cpu_numbers():
+    out = {}
+    for dev in ("cpu", "cuda"):
+        model, (x, y) = _problem(9, n=64)
+        model, data = model.to(dev), (x.to(dev), y.to(dev))
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        mon = CurvatureMonitor(data, nn.MSELoss(), every=3, optimizer=opt, tol=1e-10, max_matvecs=300)
+        train(model, data, opt, epochs=6, loss_fn=nn.MSELoss(), callback=mon)
+        before = _snapshot(model)
+        mon.check(model, 7)
+        _same(before, _snapshot(model))
+        out[dev] = [(h["lambda_max"], h["precond_lambda_max"]) for h in mon.history]
+    np.testing.assert_allclose(np.array(out["cuda"]), np.array(out["cpu"]), rtol=1e-7)
+
+
 # ------------------------------------------------------------------------------------ slow: EoS
 @pytest.mark.slow
 def test_edge_of_stability_of_full_batch_gradient_descent():

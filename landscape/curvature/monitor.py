@@ -259,9 +259,13 @@ class CurvatureMonitor:
         progress: tqdm bars in the estimators.
 
     Attributes:
-        history: one dict per check with the keys of ``_RECORD_KEYS`` (None where not computed):
-            ``status`` is ``"ok"``, ``"partial"`` or ``"skipped"`` (see ``note``); ``loss`` is on
-            the batch after the update, ``train_loss`` what the caller passed.
+        history: one dict per check, always with the same keys (None where not computed):
+            ``step``, ``status`` (``"ok"``, ``"partial"``, ``"skipped"``; ``note`` says why),
+            ``loss`` (on the batch, after the update), ``train_loss`` (as passed), ``lambda_max``,
+            ``residual``, ``converged``, ``lanczos_matvecs``, ``warm``, ``threshold``,
+            ``threshold_rule``, ``lr``, ``precond_lambda_max`` / ``_residual`` / ``_converged`` /
+            ``_matvecs`` / ``_threshold``, ``adam_step``, ``trace``, ``trace_stderr``,
+            ``trace_matvecs``, ``matvecs`` (this check), ``total_matvecs``, ``seconds``.
     """
 
     def __init__(
