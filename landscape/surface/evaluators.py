@@ -243,7 +243,7 @@ class _Evaluator:
                 m.momentum = None
                 m.training = True
             for x, _, _ in self.batches:
-                functional_call(self.model, (p, b), self._as_args(x))
+                self.obj.call(p, b, x)
         finally:
             for m, mom, tr in saved:
                 m.momentum = mom
@@ -255,11 +255,7 @@ class _Evaluator:
             p, b = self._state(c)
             if self.bn_policy == "recompute":
                 self._recompute_bn(p, b)
-            out.append(
-                self._score(
-                    (functional_call(self.model, (p, b), self._as_args(x)), y, w) for x, y, w in self.batches
-                )
-            )
+            out.append(self._score((self.obj.call(p, b, x), y, w) for x, y, w in self.batches))
         return out
 
     def _score(self, outputs) -> tuple[float, float | None]:
@@ -441,7 +437,7 @@ class _VmapEvaluator(_Evaluator):
         def f(sp, x, y):
             p = {**static_p, **{n: v for n, v in sp.items() if n in self.params}}
             b = {**static_b, **{n: v for n, v in sp.items() if n in self.buffers}}
-            o = functional_call(self.model, (p, b), self._as_args(x))
+            o = self.obj.call(p, b, x)
             return obj.loss_fn(o, y), o
 
         vf = torch.func.vmap(f, in_dims=(0, None, None))

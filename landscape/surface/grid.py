@@ -154,13 +154,16 @@ def _resolve_strategy(strategy: str, obj, dirs, bn_policy: str) -> str:
     if strategy not in _STRATEGIES:
         raise ValueError(f"strategy must be one of {_STRATEGIES}, got {strategy!r}")
     has_bn = bool(_bn_modules(obj.model))
-    linear_ok = _LinearFirstEvaluator.split(obj.model) is not None and bn_policy != "recompute"
+    # the linear-first-layer path runs the Sequential's modules itself: only for a plain forward
+    plain = getattr(obj, "output_fn", None) is None and not getattr(obj, "random_forward", False)
+    linear_ok = plain and _LinearFirstEvaluator.split(obj.model) is not None and bn_policy != "recompute"
     has_dropout = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in obj.model.modules())
     vmap_ok = (bn_policy == "eval" or not has_bn) and (obj.mode == "eval" or not has_dropout)
     if strategy == "linear_first_layer" and not linear_ok:
         raise ValueError(
             "strategy 'linear_first_layer' needs an nn.Sequential whose first parametrised module is "
-            "an nn.Linear (after Flatten) and bn_policy != 'recompute'; use strategy='loop'"
+            "an nn.Linear (after Flatten), no output_fn or random forward, and bn_policy != 'recompute'; "
+            "use strategy='loop'"
         )
     if strategy == "vmap" and not vmap_ok:
         raise ValueError(
