@@ -12,7 +12,8 @@ by its ``name`` or its index). The value is parsed as a TOML value (``3`` an int
 ``true`` a bool, ``[1, 2]`` a list, ``{a = 1}`` a table, ``"x"`` a string) and, when it is not
 valid TOML, kept as the bare string.
 
-``budget`` (a number in (0, 1]) shortens a run: epochs, step-schedule milestones, warm-up and the
+``budget`` (a number in (0, 1]) shortens a run: epochs, step-schedule milestones, warm-up, the SWA
+schedule's start, hyperparameters given in epochs (``burn_in = "150 epochs"``) and the
 sizes of the training, test, OOD and corruption sets are multiplied by it (rounded up; at least one
 epoch, one batch of training data and 100 test examples), so ``budget=0.05`` is a quick version of
 a paper's protocol.
@@ -80,6 +81,8 @@ DEFAULTS: dict[str, Any] = {
         "milestones": [],
         "gamma": 0.1,
         "warmup_epochs": 0.0,
+        "swa_lr": 0.0,
+        "swa_start": 0.0,
         "label_smoothing": 0.0,
         "drop_last": False,
         "optimizer_defaults": {},
@@ -112,7 +115,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.augmentation": ("none", "flip", "crop_flip"),
     "data.label_noise_mode": ("flip", "uniform", "asymmetric"),
     "data.crop_fill": ("mean", "black"),
-    "train.schedule": ("cosine", "step", "constant"),
+    "train.schedule": ("cosine", "step", "constant", "swa"),
     "distributed.mode": ("grid", "data_parallel"),
     "distributed.perturbation": ("global", "local"),
     "distributed.backend": ("auto", "gloo", "nccl"),
@@ -130,7 +133,7 @@ FREE_FORM = {
 }
 
 #: Keys of one entry of ``methods``.
-METHOD_KEYS: dict[str, Any] = {"name": "", "optimizer": "", "hyperparameters": {}, "swag": {}}
+METHOD_KEYS: dict[str, Any] = {"name": "", "optimizer": "", "hyperparameters": {}, "swag": {}, "epochs": 0}
 SWAG_KEYS: dict[str, Any] = {"rank": 20, "start_epoch": 0, "diag_only": False, "samples": 30, "scale": 1.0}
 
 _TYPE_NAMES = {
@@ -298,6 +301,8 @@ def _check_methods(methods: Any) -> list[dict[str, Any]]:
                 f"methods[{i}] must be a table with name, optimizer, hyperparameters; got {m!r}"
             )
         m = _merge(f"methods[{i}]", m, METHOD_KEYS)
+        if m["epochs"] < 0:
+            raise ConfigError(f"methods[{i}].epochs must be >= 0 (0: train.epochs), got {m['epochs']}")
         if not m["optimizer"]:
             raise ConfigError(f'methods[{i}] has no optimizer; write optimizer = "sgd" (or sam, bsam, ...)')
         m["name"] = m["name"] or m["optimizer"]
@@ -346,7 +351,12 @@ def _check_numbers(cfg: dict[str, Any]) -> None:
             "train.lr and train.warmup_epochs must be >= 0, train.gamma and data.num_data_factor > 0"
         )
     if any(isinstance(m, bool) or not isinstance(m, (int, float)) or m <= 0 for m in t["milestones"]):
-        raise ConfigError(f"train.milestones must list epochs > 0, got {t['milestones']!r}")
+        raise ConfigError(
+            "train.milestones must list epochs (>= 1) or fractions of the run (< 1), all > 0; "
+            f"got {t['milestones']!r}"
+        )
+    if t["schedule"] == "swa" and not (t["swa_lr"] > 0 and t["swa_start"] > 0):
+        raise ConfigError('train.schedule = "swa" needs train.swa_lr > 0 and train.swa_start > 0 (an epoch)')
     if t["schedule"] == "step" and not t["milestones"]:
         raise ConfigError('train.schedule = "step" needs train.milestones (epochs at which lr *= gamma)')
     if any(s not in (1, 2, 3, 4, 5) for s in e["severities"]):
@@ -398,8 +408,9 @@ def apply_budget(cfg: Mapping[str, Any]) -> dict[str, Any]:
     full_epochs = t["epochs"]
     t["epochs"] = max(1, math.ceil(full_epochs * b))
     ratio = t["epochs"] / full_epochs
-    t["milestones"] = [m * ratio for m in t["milestones"]]
-    t["warmup_epochs"] = t["warmup_epochs"] * ratio
+    # epoch-valued settings (milestones >= 1, warm-up, swa_start, "N epochs" hyperparameters) are
+    # multiplied by this factor where they are used
+    t["epoch_scale"] = ratio
     for m in out["methods"]:
         if m["swag"]:
             m["swag"]["start_epoch"] = min(t["epochs"] - 1, math.floor(m["swag"]["start_epoch"] * ratio))

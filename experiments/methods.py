@@ -17,6 +17,7 @@ F-SWAG (Nguyen et al. 2023).
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -122,6 +123,21 @@ def _accepted(fn: Callable[..., Any], hyper: dict[str, Any]) -> tuple[set[str], 
     return names | base_names, False
 
 
+_EPOCHS = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*epochs?\s*$")
+
+
+def _in_steps(key: str, value: Any, steps_per_epoch: int, scale: float) -> Any:
+    """A hyperparameter written in epochs (``"150 epochs"``, ``"1 epoch"``) as a number of optimizer
+    steps (times the budget's epoch scale); anything else unchanged."""
+    if not isinstance(value, str):
+        return value
+    match = _EPOCHS.match(value)
+    if not match:
+        return value
+    epochs = float(match.group(1))
+    return 0 if epochs == 0 else max(1, int(round(epochs * scale * steps_per_epoch)))
+
+
 def check_method(method: dict[str, Any]) -> tuple[Callable[..., Any], set[str], bool]:
     """Resolve ``method["optimizer"]`` and check its hyperparameter names; returns ``(constructor,
     accepted names, accepts anything)``. Raises :class:`ConfigError`."""
@@ -161,7 +177,9 @@ def build_optimizer(
             kwargs[k] = v
     if "lr" in accepted or anything:
         kwargs["lr"] = train_cfg["lr"]
-    kwargs.update(hyper)
+    kwargs.update(
+        {k: _in_steps(k, v, steps_per_epoch, train_cfg.get("epoch_scale", 1.0)) for k, v in hyper.items()}
+    )
     if "base_optimizer" in kwargs:
         kwargs["base_optimizer"] = _base_class(kwargs["base_optimizer"])
     extra: dict[str, Any] = {}

@@ -96,6 +96,8 @@ def plan_runs(cfg: dict[str, Any]) -> list[Run]:
             for seed in cfg["seeds"]:
                 one = copy.deepcopy(base)
                 one["methods"], one["seeds"] = [copy.deepcopy(method)], [seed]
+                if method["epochs"]:  # a method trained for its own number of epochs
+                    one["train"]["epochs"] = method["epochs"]
                 one = resolve_config(one)
                 d = root / variant if variant else root
                 runs.append(Run(variant, method["name"], seed, one, d / method["name"] / f"seed{seed}"))

@@ -276,9 +276,12 @@ def test_budget_scales_epochs_and_data(tmp_path):
         ["budget=0.25", "train.milestones=[4, 8]", "train.warmup_epochs=2"],
     )
     short = apply_budget(cfg)
-    assert short["train"]["epochs"] == 3  # ceil(10 * 0.25)
-    assert short["train"]["milestones"] == pytest.approx([4 * 0.3, 8 * 0.3])
-    assert short["train"]["warmup_epochs"] == pytest.approx(0.6)
+    assert short["train"]["epochs"] == 3  # ceil(10 * 0.25): every epoch-valued setting scales by 0.3
+    t = short["train"]
+    # 10 steps per epoch: warm-up ends at step 2 * 0.3 * 10 = 6, milestones at steps 12 and 24
+    assert [train_mod.lr_factor(s, 10, t) for s in (0, 5, 11, 12, 23, 24)] == pytest.approx(
+        [1 / 6, 1.0, 1.0, 0.1, 0.1, 0.01]
+    )
     from experiments.data import prepare_data
 
     data = prepare_data(short, seed=0)
@@ -309,8 +312,14 @@ def test_lr_schedules_match_closed_forms():
         assert train_mod.lr_factor(step, 5, t) == pytest.approx(0.5 * (1 + math.cos(math.pi * step / 20)))
     t.update(schedule="step", milestones=[1, 3])
     assert [train_mod.lr_factor(s, 5, t) for s in (4, 5, 14, 15)] == pytest.approx([1, 0.1, 0.1, 0.01])
+    t.update(milestones=[0.25, 0.75])  # fractions of the 4 epochs: epochs 1 and 3
+    assert [train_mod.lr_factor(s, 5, t) for s in (4, 5, 14, 15)] == pytest.approx([1, 0.1, 0.1, 0.01])
     t.update(schedule="constant", warmup_epochs=1.0)
     assert [train_mod.lr_factor(s, 5, t) for s in (0, 3, 4, 9)] == pytest.approx([0.2, 0.8, 1, 1])
+    # SWA (Izmailov et al. 2018): 1 until swa_start / 2, linear to swa_lr / lr at 0.9 swa_start, then flat
+    t.update(schedule="swa", warmup_epochs=0.0, epochs=20, lr=0.1, swa_lr=0.01, swa_start=10.0)
+    got = [train_mod.lr_factor(e * 5, 5, t) for e in (0, 5, 7, 9, 15)]
+    assert got == pytest.approx([1.0, 1.0, 1 - 0.9 * 0.2 / 0.4, 0.1, 0.1])
 
 
 # ------------------------------------------------------------------------------------------- errors

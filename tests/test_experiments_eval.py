@@ -224,3 +224,20 @@ def test_sweep_plans_every_variant_and_checks_values(tmp_path):
         load_config(config(tmp_path, text), ['sweep={"data.label_noise" = [0.2, 1.5]}'])
     with pytest.raises(ConfigError, match="cannot be swept"):
         load_config(config(tmp_path, text), ['sweep={"seeds" = [[0], [1]]}'])
+
+
+def test_epoch_valued_hyperparameters_and_per_method_epochs(tmp_path):
+    t = trainer(
+        tmp_path,
+        "methods.sgd.optimizer=fsgld",
+        "methods.sgd.epochs=3",
+        "budget=0.5",
+        'methods.sgd.hyperparameters={lr = 0.05, burn_in = "2 epochs", collect_every = "1 epoch"}',
+    )
+    n = math.ceil(len(load_digits("train")[1]) * 0.5)
+    assert t.n == n and t.steps_per_epoch == math.ceil(n / 256) == 3
+    # the method's 3 epochs, halved by the budget: ceil(1.5) = 2 epochs, so one epoch counts 2/3
+    assert t.cfg["train"]["epochs"] == 2
+    assert t.opt.burn_in == round(2 * 2 / 3 * 3) == 4 and t.opt.collect_every == round(2 / 3 * 3) == 2
+    t.fit()
+    assert t.opt.n_steps == 6 and len(t.opt.samples) == 1  # collected after step 6 only
