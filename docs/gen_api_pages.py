@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("landscape", "optimizers", "toy_problems", "experiments")
 PAGES = {
     "landscape": ("`landscape`: objective, guard, results, files, metrics", "landscape", 1),
     "curvature": ("`landscape.curvature`", "landscape.curvature", None),
@@ -18,12 +19,13 @@ PAGES = {
     "data_models": ("`landscape.data` and `landscape.models`", ("landscape.data", "landscape.models"), None),
     "optimizers": ("`optimizers`", "optimizers", None),
     "toy_problems": ("`toy_problems`", "toy_problems", None),
+    "experiments": ("`experiments`", "experiments", None),
 }
 
 
 def public_modules() -> list[str]:
     out = []
-    for pkg in ("landscape", "optimizers", "toy_problems"):
+    for pkg in PACKAGES:
         for p in sorted((ROOT / pkg).rglob("*.py")):
             rel = p.relative_to(ROOT)
             if p.name == "__main__.py" or any(s.startswith("_") and s != "__init__.py" for s in rel.parts):

@@ -15,6 +15,7 @@ import sys as _sys
 
 from landscape import data, metrics, models
 from landscape.curvature import (
+    CurvatureMonitor,
     CurvatureOperator,
     DensityResult,
     DiagonalResult,
@@ -48,6 +49,7 @@ from landscape.surface import (
 
 __all__ = [
     "MEASURES",
+    "CurvatureMonitor",
     "CurvatureOperator",
     "DensityResult",
     "DiagonalResult",

@@ -7,7 +7,10 @@
   Fisher operators;
 * ``linop``: what the spectral estimators accept (operators, dense matrices, objectives);
 * ``eigen``, ``trace``, ``density``: Lanczos eigenvalues, trace/diagonal estimators with error bars,
-  and stochastic Lanczos quadrature.
+  and stochastic Lanczos quadrature;
+* ``output_hessian``: closed-form Hessians of common losses with respect to the network output;
+* ``monitor``: :class:`CurvatureMonitor`, lambda_max (and the preconditioned sharpness of Adam)
+  during training against the edge-of-stability threshold.
 """
 
 from landscape.curvature.base import CurvatureOperator
@@ -17,11 +20,14 @@ from landscape.curvature.engines import ENGINES, HVPEngine
 from landscape.curvature.fisher import EmpiricalFisherOperator, FisherOperator, empirical_fisher, fisher
 from landscape.curvature.ggn import GGNOperator, ggn
 from landscape.curvature.hessian import HessianOperator, hessian, hvp
+from landscape.curvature.monitor import CurvatureMonitor, MonitorResult, stability_threshold
 from landscape.curvature.trace import DiagonalResult, TraceResult, diagonal, trace
 
 __all__ = [
     "ENGINES",
+    "CurvatureMonitor",
     "CurvatureOperator",
+    "MonitorResult",
     "DensityResult",
     "DiagonalResult",
     "EigenResult",
@@ -40,5 +46,6 @@ __all__ = [
     "hvp",
     "power_iteration",
     "spectral_density",
+    "stability_threshold",
     "trace",
 ]
