@@ -94,8 +94,8 @@ class ASAM(PerturbationOptimizer):
     * ``"all"``: every parameter (biases too); ``scale_all=True`` is the same.
     * a callable ``scale(name, param) -> bool`` (``name`` is ``None`` when unknown).
 
-    On an MLP with a LayerNorm the ``"weight_name"`` and ``"dim>1"`` perturbations differ by about
-    19 % in relative norm (``docs/methods/optimizers.md``).
+    On a 4-6-3 MLP with a LayerNorm whose weights lie in [0.1, 2] the ``"weight_name"`` and
+    ``"dim>1"`` perturbations differ by 18.9 % in relative norm (0.34 % at the initial weights 1).
 
     Args:
         rho: default 0.5 (Kwon et al. 2021, CIFAR-10; 1.0 for CIFAR-100).
