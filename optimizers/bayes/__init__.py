@@ -1,8 +1,14 @@
 """Posterior and flat-seeking Bayesian methods as optimizers.
 
-``mfvi`` (mean-field VI, Bayes by Backprop), ``bsam`` (Bayesian-SAM), ``tracer`` (G-TRACER),
-``swag`` (SWAG / F-SWAG) and ``sgld`` (F-SGLD); the diagonal-Gaussian posterior API and Bayesian
-model averaging live in :mod:`optimizers.posterior`.
+* variational: ``mfvi`` (mean-field VI, Bayes by Backprop), ``bsam`` (Bayesian-SAM), ``vogn``
+  (VOGN), ``ivon`` (IVON), ``sgvb`` (SGVB / SGVB-LRT layers) and ``flat_sgvb`` (F-SGVB, + geometry);
+* sampling and ensembles: ``swag`` (SWAG / F-SWAG, BatchNorm recalibration), ``sgld`` (F-SGLD),
+  ``mc_dropout`` (MC-Dropout / F-MC-Dropout), ``ensembles`` (deep / F-deep ensembles);
+* ``laplace``: diagonal and last-layer GGN Laplace with the linearised predictive;
+* ``tracer``: G-TRACER.
+
+The diagonal-Gaussian posterior API and Bayesian model averaging live in
+:mod:`optimizers.posterior`.
 """
 
 from optimizers.bayes.bsam import BayesianSAM
@@ -21,12 +27,34 @@ from optimizers.bayes.sgvb import (
     kl_divergence,
     sgvb_predict,
 )
-from optimizers.bayes.swag import SWAG, f_swag
+from optimizers.bayes.swag import SWAG, bn_update, f_swag
 from optimizers.bayes.tracer import AdamTracer, SGDTracer
 from optimizers.bayes.vogn import VOGN
 
-__all__ = ["MFVI", "SWAG", "AdamTracer", "BayesianSAM", "FlatSGLD", "SGDTracer", "f_swag"]
-__all__ += ["BayesConv2d", "BayesLinear", "DeepEnsemble", "FlatSGVB", "convert_to_bayesian", "elbo_loss"]
-__all__ += ["f_mc_dropout", "kl_divergence", "mc_dropout_closure", "mc_dropout_predict", "sam_factory"]
-__all__ += ["sgvb_predict", "train_ensemble"]
-__all__ += ["IVON", "VOGN", "DiagLaplace", "LastLayerLaplace"]
+__all__ = [
+    "IVON",
+    "MFVI",
+    "SWAG",
+    "VOGN",
+    "AdamTracer",
+    "BayesConv2d",
+    "BayesLinear",
+    "BayesianSAM",
+    "DeepEnsemble",
+    "DiagLaplace",
+    "FlatSGLD",
+    "FlatSGVB",
+    "LastLayerLaplace",
+    "SGDTracer",
+    "bn_update",
+    "convert_to_bayesian",
+    "elbo_loss",
+    "f_mc_dropout",
+    "f_swag",
+    "kl_divergence",
+    "mc_dropout_closure",
+    "mc_dropout_predict",
+    "sam_factory",
+    "sgvb_predict",
+    "train_ensemble",
+]
