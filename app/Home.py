@@ -26,6 +26,7 @@ st.markdown(
 | **Smoothed objectives** | the loss, its Gaussian smoothing, the exact worst case in a ball and SAM's first-order objective, with a radius slider | VSAM seed (Rethinking SAM as VI), Fig. 1 |
 | **Bayesian view** | exact posterior vs Laplace vs MFVI vs bSAM on Bayesian logistic regression, predictive maps, sampled decision boundaries; two moons | bSAM (Möllenhoff & Khan 2023) Fig. 3, 5, 6 |
 | **Network landscape** | train a small network on digits with chosen optimizers, then its loss surface with the trajectory, Hessian spectrum and sharpness table, side by side | Li et al. 2018 surfaces; curvature core; sharpness measures |
+| **Experiments** | run directories of `python -m experiments run`: mean ± std over seeds per method, training curves, reliability diagrams | experiments runner |
 
 The same analysis from Python:
 """

@@ -1,0 +1,252 @@
+"""Logic of the "Experiments" page: open the run directories written by ``python -m experiments run``
+and show their results table (mean ± std over seeds, from :mod:`experiments.table`), per-epoch
+training curves (``log.jsonl``) and reliability diagrams of the trained point models.
+
+The runner saves no test probabilities, so a reliability diagram is recomputed: the run's model is
+rebuilt from its ``config.toml`` and the weights in ``checkpoint.pt`` and evaluated on the run's own
+test set (:func:`experiments.data.prepare_data`), which gives the calibration curve of the point
+model whose ``ece`` is in ``metrics.json`` (Guo et al., ICML 2017, section 2).
+No Streamlit here, so tests call it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+import tomllib
+import torch
+
+from experiments.table import aggregate, collect_runs, format_table
+from landscape.io import read_json
+from toy_problems.figures.palette import METHOD_COLORS, method_color
+
+from .layout import LEGEND_BELOW
+
+__all__ = [
+    "DEFAULT_ROOT_ENV",
+    "color_of",
+    "default_root",
+    "find_runs",
+    "results_table",
+    "table_rows",
+    "table_csv",
+    "read_history",
+    "curve_keys",
+    "curves_figure",
+    "run_label",
+    "run_method",
+    "run_probs",
+    "reliability_of",
+]
+
+#: environment variable with the default directory the page searches for runs
+DEFAULT_ROOT_ENV = "SHARPSCAPE_RUNS"
+
+
+_EXTRA = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d")
+
+
+def color_of(method: str) -> str:
+    """The palette colour of a method name as the runner writes it (``sgd``, ``sam``, ``bsam``,
+    ``variant/sam``: case-insensitive, the variant ignored); a name the palette lacks gets a fixed
+    colour derived from its letters (the same on every page load)."""
+    base = str(method).split("/")[-1].strip()
+    known = {k.lower(): k for k in METHOD_COLORS} | {"bsam": "bSAM", "fsam": "FSAM", "fishersam": "FisherSAM"}
+    if base.lower() in known:
+        return method_color(known[base.lower()])
+    return _EXTRA[sum(map(ord, base)) % len(_EXTRA)]
+
+
+def default_root() -> str:
+    """``$SHARPSCAPE_RUNS`` when set, else ``runs`` (the runner's default ``out_dir``)."""
+    return os.environ.get(DEFAULT_ROOT_ENV, "runs")
+
+
+def find_runs(root: str | Path) -> list[str]:
+    """Run directories (holding ``metrics.json``) under ``root``, sorted.
+
+    Raises ``FileNotFoundError`` naming the path when it does not exist."""
+    root = Path(root).expanduser()
+    if not root.exists():
+        raise FileNotFoundError(
+            f"{root} does not exist; give the out_dir of `python -m experiments run` (default runs/)"
+        )
+    if root.is_file():
+        root = root.parent
+    return sorted(str(f.parent) for f in root.rglob("metrics.json"))
+
+
+def run_label(run_dir: str | Path, root: str | Path | None = None) -> str:
+    """``variant/method/seedK`` (the run's path below ``root``), or the path itself."""
+    p = Path(run_dir)
+    if root is not None:
+        try:
+            return str(p.relative_to(Path(root).expanduser()))
+        except ValueError:
+            pass
+    return str(p)
+
+
+def results_table(run_dirs: list[str]) -> list[dict[str, Any]]:
+    """:func:`experiments.table.aggregate` of the runs' ``metrics.json`` rows (one entry per
+    variant/method with ``mean`` / ``std`` (ddof = 1) / ``values`` per metric)."""
+    if not run_dirs:
+        raise ValueError("no runs chosen; pick at least one run directory")
+    return aggregate(collect_runs(run_dirs))
+
+
+def table_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One flat row per group for display: ``method``, ``seeds`` and ``<metric> mean`` / ``std``."""
+    rows = []
+    for e in entries:
+        row: dict[str, Any] = {"method": e["group"], "seeds": e["n"]}
+        for m in e["mean"]:
+            row[f"{m} mean"] = e["mean"][m]
+            row[f"{m} std"] = e["std"][m]
+        rows.append(row)
+    return rows
+
+
+def table_csv(entries: list[dict[str, Any]]) -> bytes:
+    """The table as :func:`experiments.table.format_table` writes it in CSV (``python -m
+    experiments table --format csv``)."""
+    return format_table(entries, "csv").encode("utf-8")
+
+
+def read_history(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The per-epoch rows of ``log.jsonl`` (empty when the run has no log)."""
+    f = Path(run_dir) / "log.jsonl"
+    if not f.is_file():
+        return []
+    rows = []
+    for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{f} line {i} is not JSON ({exc}); is the run still writing?") from None
+    return rows
+
+
+def run_method(run_dir: str | Path) -> str:
+    """The run's group label as in the table: ``method`` or ``variant/method``."""
+    row = read_json(Path(run_dir) / "metrics.json", what="metrics file of a run")
+    return f"{row['variant']}/{row['method']}" if row.get("variant") else str(row["method"])
+
+
+def curve_keys(histories: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The numeric per-epoch columns present in the logs (``train_loss``, ``test_accuracy``, ...)."""
+    keys: list[str] = []
+    for hist in histories.values():
+        for row in hist:
+            for k, v in row.items():
+                numeric = isinstance(v, (int, float)) and not isinstance(v, bool)
+                if numeric and k not in ("epoch", "step", "seconds", "skipped_steps") and k not in keys:
+                    keys.append(k)
+    return keys
+
+
+def curves_figure(histories: dict[str, list[dict[str, Any]]], methods: dict[str, str], key: str) -> go.Figure:
+    """``key`` against epoch, one line per run (``histories`` by run label), coloured by method
+    (``methods``: run label -> method); one legend entry per method."""
+    fig = go.Figure()
+    shown: set[str] = set()
+    for label, hist in histories.items():
+        pts = [(r["epoch"], r[key]) for r in hist if isinstance(r.get(key), (int, float))]
+        if not pts:
+            continue
+        method = methods[label]
+        fig.add_trace(
+            go.Scatter(
+                x=[p[0] for p in pts],
+                y=[p[1] if math.isfinite(p[1]) else None for p in pts],
+                mode="lines+markers",
+                name=method,
+                legendgroup=method,
+                showlegend=method not in shown,
+                line={"color": color_of(method)},
+                hovertext=label,
+                meta={"run": label, "method": method},
+            )
+        )
+        shown.add(method)
+    fig.update_layout(xaxis_title="epoch", yaxis_title=key, legend=LEGEND_BELOW, title=f"{key} per epoch")
+    return fig
+
+
+def run_probs(run_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Test-set probabilities of the run's trained point model and the test labels.
+
+    Rebuilds the model from ``config.toml`` (budget applied as in training) and loads the weights of
+    ``checkpoint.pt``; the test set is the run's own (:func:`experiments.data.prepare_data`).
+    Returns ``(probs, targets, metrics)`` with ``metrics`` the run's ``metrics.json`` row."""
+    from experiments.amp import param_dtype
+    from experiments.config import apply_budget
+    from experiments.data import prepare_data
+    from experiments.evaluate import predict_probs
+    from experiments.train import build_model
+
+    d = Path(run_dir)
+    for name in ("config.toml", "checkpoint.pt", "metrics.json"):
+        if not (d / name).is_file():
+            raise FileNotFoundError(f"{d} has no {name}; a reliability diagram needs a finished run")
+    cfg = apply_budget(tomllib.loads((d / "config.toml").read_text(encoding="utf-8")))
+    row = read_json(d / "metrics.json", what="metrics file of a run")
+    seed = int(row["seed"])
+    data = prepare_data(cfg, seed)
+    cpu = torch.device("cpu")
+    model = build_model(cfg, seed, param_dtype(cfg["precision"]), cpu)
+    blob = torch.load(d / "checkpoint.pt", map_location="cpu", weights_only=True)
+    if not isinstance(blob, dict) or "model" not in blob:
+        raise ValueError(f"{d / 'checkpoint.pt'} is not a checkpoint of the experiment runner")
+    model.load_state_dict(blob["model"])
+    probs = predict_probs(model, data.x_test, int(cfg["evaluation"]["batch_size"]), cpu)
+    return probs, data.y_test, row
+
+
+def reliability_of(
+    run_dirs: dict[str, str], n_bins: int = 20, report: Callable[[float, str], None] | None = None
+) -> tuple[go.Figure, list[dict[str, Any]], list[str]]:
+    """One reliability diagram (:func:`landscape.metrics.reliability_figure`) of the point models of
+    ``run_dirs`` (label -> run directory) on their test set.
+
+    Runs whose test labels differ from the first run's cannot share the diagram; they are left
+    out and named in the third return value. ``report(fraction, label)`` is called before each
+    run. Also returns rows with each run's recomputed ECE next to the ECE its ``metrics.json``
+    records.
+    """
+    from landscape import metrics as lm
+
+    if not run_dirs:
+        raise ValueError("no runs chosen for the reliability diagram")
+    probs: dict[str, torch.Tensor] = {}
+    rows, skipped = [], []
+    targets = None
+    for i, (label, d) in enumerate(run_dirs.items()):
+        if report is not None:
+            report(i / len(run_dirs), label)
+        p, y, row = run_probs(d)
+        if targets is None:
+            targets = y
+        elif not torch.equal(y, targets):
+            skipped.append(label)
+            continue
+        probs[label] = p
+        rows.append(
+            {
+                "run": label,
+                "test examples": len(y),
+                "ECE (recomputed)": lm.ece(p, y, n_bins=n_bins),
+                "ECE (metrics.json)": row.get("ece", math.nan),
+            }
+        )
+    fig = lm.reliability_figure(
+        probs, targets, n_bins=n_bins, title="reliability of the point models (test set)"
+    )
+    return fig, rows, skipped
