@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app"
@@ -130,3 +131,82 @@ def test_experiments_missing_directory(tmp_path):
     at = _experiments_page(tmp_path)  # exists, holds no run
     _no_errors(at)
     assert any("No finished runs" in i.value for i in at.info)
+
+
+# ------------------------------------------------------------------------------ curvature monitor
+
+
+def _monitor_page(**preset) -> AppTest:
+    at = AppTest.from_file(str(APP / "pages" / "6_Curvature_monitor.py"), default_timeout=180)
+    for k, v in preset.items():
+        at.session_state[k] = v
+    return at.run()
+
+
+def _sharpness_traces(at: AppTest) -> tuple[dict, dict]:
+    spec = next(c for c in _charts(at) if c["layout"]["yaxis"]["title"]["text"] == "sharpness")
+    lam = next(d for d in spec["data"] if d["name"] == "lambda_max(H)")
+    thr = next(d for d in spec["data"] if d["name"] == "threshold of lambda_max(H)")
+    return lam, thr
+
+
+def _dense_top_eigenvalue(model, x, y) -> float:
+    """lambda_max of the float64 Hessian of the mean cross-entropy, built densely by autograd."""
+    params = dict(model.named_parameters())
+    names = list(params)
+
+    def loss_of(*flat):
+        out = torch.func.functional_call(model, dict(zip(names, flat)), (x,))
+        return torch.nn.functional.cross_entropy(out, y)
+
+    H = torch.autograd.functional.hessian(loss_of, tuple(p.detach() for p in params.values()))
+    sizes = [p.numel() for p in params.values()]
+    dense = torch.cat([torch.cat([H[i][j].reshape(sizes[i], sizes[j]) for j in range(len(sizes))], 1)
+                       for i in range(len(sizes))], 0)  # fmt: skip
+    return float(torch.linalg.eigvalsh(dense)[-1])
+
+
+def test_monitor_defaults_plot_equals_history():
+    at = _monitor_page()
+    _no_errors(at)
+    (run,) = at.session_state["monitor_runs"].values()
+    hist = run.result.history
+    assert [h["step"] for h in hist] == list(range(0, 61, 10))
+    lam, thr = _sharpness_traces(at)
+    assert _arr(lam["x"]).tolist() == [h["step"] for h in hist]
+    assert _arr(lam["y"]).tolist() == [h["lambda_max"] for h in hist]
+    np.testing.assert_array_equal(_arr(thr["y"]), 2.0 / 2.0)  # default lr = 2: threshold 2/lr
+    assert lam["line"]["color"] == "#8c564b"  # the palette's GD colour
+    rows = _frame(at, 0)
+    assert rows["lambda_max"].tolist() == [h["lambda_max"] for h in hist]
+
+
+def test_monitor_changed_widgets_against_dense_hessian():
+    at = _monitor_page(mon_steps=20, mon_every=5, mon_hidden=8, mon_n=128, mon_lr=1.0)
+    _no_errors(at)
+    (run,) = at.session_state["monitor_runs"].values()
+    hist = run.result.history
+    assert [h["step"] for h in hist] == [0, 5, 10, 15, 20]
+    lam, thr = _sharpness_traces(at)
+    assert _arr(lam["y"]).tolist() == [h["lambda_max"] for h in hist]
+    np.testing.assert_array_equal(_arr(thr["y"]), 2.0)
+    # the first check is at the initial weights: the dense Hessian's top eigenvalue
+    from dashboard.monitor_view import initial_problem, run_monitor
+
+    model, x, y = initial_problem(hidden=8, n_train=128, seed=0)
+    assert hist[0]["lambda_max"] == pytest.approx(_dense_top_eigenvalue(model, x, y), rel=1e-3)
+    # the training-loss curve: the full-batch loss before each step, the first at the initial weights
+    loss_spec = next(c for c in _charts(at) if c["layout"]["yaxis"]["title"]["text"] == "training loss")
+    assert _arr(loss_spec["data"][0]["y"]).tolist() == run.losses
+    with torch.no_grad():
+        assert run.losses[0] == pytest.approx(
+            float(torch.nn.functional.cross_entropy(model(x), y)), rel=1e-12
+        )
+    at.slider(key="mon_steps").set_value(10)
+    at.select_slider(key="mon_every").set_value(50).run()
+    _no_errors(at)
+    assert list(_frame(at, 0)["step"]) == [0]  # every=50 > steps=10: only the check at the start
+    with pytest.raises(ValueError, match="learning rate must be a positive"):
+        run_monitor(lr=-1.0)
+    with pytest.raises(ValueError, match="every must be an integer"):
+        run_monitor(every=0)
