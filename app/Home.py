@@ -28,6 +28,7 @@ st.markdown(
 | **Network landscape** | train a small network on digits with chosen optimizers, then its loss surface with the trajectory, Hessian spectrum and sharpness table, side by side | Li et al. 2018 surfaces; curvature core; sharpness measures |
 | **Experiments** | run directories of `python -m experiments run`: mean ± std over seeds per method, training curves, reliability diagrams | experiments runner |
 | **Curvature monitor** | λ_max of the training-loss Hessian during full-batch gradient descent against the stability threshold 2/lr | edge of stability (Cohen et al. 2021) |
+| **Paths between minima** | loss along the straight line and a trained Bézier curve between two networks, with the barrier heights | Garipov et al. 2018; Frankle et al. 2020; Entezari et al. 2022 |
 
 The same analysis from Python:
 """

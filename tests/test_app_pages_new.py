@@ -210,3 +210,94 @@ def test_monitor_changed_widgets_against_dense_hessian():
         run_monitor(lr=-1.0)
     with pytest.raises(ValueError, match="every must be an integer"):
         run_monitor(every=0)
+
+
+# ------------------------------------------------------------------------------ paths between minima
+
+
+def _paths_page(**preset) -> AppTest:
+    at = AppTest.from_file(str(APP / "pages" / "7_Paths_between_minima.py"), default_timeout=180)
+    for k, v in preset.items():
+        at.session_state[k] = v
+    return at.run()
+
+
+def _ce(model, data) -> float:
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(model(data[0]), data[1]))
+
+
+def test_paths_defaults_end_values_and_barrier():
+    at = _paths_page()
+    _no_errors(at)
+    (pair,) = at.session_state["paths_pairs"].values()
+    loss_a, loss_b = _ce(pair.model_a, pair.train), _ce(pair.model_b, pair.train)
+    assert loss_a != loss_b  # two different minima
+    spec = next(c for c in _charts(at) if c["layout"]["yaxis"]["title"]["text"] == "loss")
+    traces = {d["name"]: d for d in spec["data"]}
+    assert set(traces) == {"line", "bezier", "chord between the ends"}
+    for name in ("line", "bezier"):
+        t, y = _arr(traces[name]["x"]), _arr(traces[name]["y"])
+        assert t[0] == 0.0 and t[-1] == 1.0 and len(t) == 21
+        assert y[0] == pytest.approx(loss_a, rel=1e-12) and y[-1] == pytest.approx(loss_b, rel=1e-12)
+    assert _arr(traces["chord between the ends"]["y"]) == pytest.approx([loss_a, loss_b], rel=1e-12)
+    # the barrier in the table: the PathResult's, and max over the plotted points of loss - chord
+    rows = _frame(at, 0)
+    for i, name in enumerate(("line", "bezier")):
+        t, y = _arr(traces[name]["x"]), _arr(traces[name]["y"])
+        excess = float(np.max(y - ((1 - t) * loss_a + t * loss_b)))
+        assert rows["path"].iloc[i] == name
+        assert rows["barrier (above chord)"].iloc[i] == pytest.approx(excess, rel=1e-9, abs=1e-12)
+    from dashboard import paths_view as pv
+
+    line = pv.line_path(pair)
+    assert rows["barrier (above chord)"].iloc[0] == line.barrier
+    assert f"barrier {line.barrier:.4g}" in at.caption[-1].value
+
+
+def test_paths_changed_widgets_and_uploads():
+    at = _paths_page(paths_epochs=1, paths_hidden=8, paths_curve=False, paths_points=11, paths_split="test")
+    _no_errors(at)
+    (pair,) = at.session_state["paths_pairs"].values()
+    spec = next(c for c in _charts(at) if c["layout"]["yaxis"]["title"]["text"] == "loss")
+    line = next(d for d in spec["data"] if d["name"] == "line")
+    y = _arr(line["y"])
+    assert len(y) == 11 and [d["name"] for d in spec["data"]] == ["line", "chord between the ends"]
+    assert y[0] == pytest.approx(_ce(pair.model_a, pair.test), rel=1e-12)
+    assert y[-1] == pytest.approx(_ce(pair.model_b, pair.test), rel=1e-12)
+    # the error panel: 1 - accuracy of each end model on the test split
+    err = next(c for c in _charts(at) if c["layout"]["yaxis"]["title"]["text"] == "error")
+    with torch.no_grad():
+        acc_a = float((pair.model_a(pair.test[0]).argmax(1) == pair.test[1]).double().mean())
+    assert _arr(err["data"][0]["y"])[0] == pytest.approx(1 - acc_a, abs=1e-12)
+    at.session_state["paths_seed_b"] = 0
+    at.run()
+    assert not at.exception
+    assert any("two different seeds" in e.value for e in at.error)
+    at.radio(key="paths_source").set_value("upload two state dicts").run()
+    _no_errors(at)
+    assert any("Upload the state dicts" in i.value for i in at.info)
+    # uploads: the state dicts round-trip bit for bit; bad files are named
+    import io as _io
+
+    from dashboard import paths_view as pv
+
+    buf_a, buf_b = _io.BytesIO(), _io.BytesIO()
+    torch.save(pair.model_a.state_dict(), buf_a)
+    torch.save(pair.model_b.state_dict(), buf_b)
+    up = pv.pair_from_state_dicts(
+        pv.load_state_dict_bytes(buf_a.getvalue()), pv.load_state_dict_bytes(buf_b.getvalue())
+    )
+    for m_up, m in ((up.model_a, pair.model_a), (up.model_b, pair.model_b)):
+        for (k1, v1), (k2, v2) in zip(m_up.state_dict().items(), m.state_dict().items()):
+            assert k1 == k2 and torch.equal(v1, v2)
+    assert pv.line_path(up, split="test", n_points=11).loss == pytest.approx(
+        _arr(line["y"]).tolist(), rel=1e-12
+    )
+    with pytest.raises(ValueError, match="not a readable torch state dict"):
+        pv.load_state_dict_bytes(b"not a file", "a.pt")
+    small = {k: v for k, v in pair.model_a.state_dict().items()}
+    small["3.weight"] = torch.zeros(5, 8, dtype=torch.float64)
+    small["3.bias"] = torch.zeros(5, dtype=torch.float64)
+    with pytest.raises(ValueError, match="the digits need 64 and 10"):
+        pv.pair_from_state_dicts(small, pair.model_b.state_dict())
