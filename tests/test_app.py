@@ -87,6 +87,14 @@ def test_playground_defaults_and_changed_widgets():
     # (mu < 0), Fisher-SAM crosses into the flat one (mu > 0)
     fsam_trace = next(d for d in contour["data"] if d.get("name") == "FisherSAM")
     assert _arr(sam_trace["x"])[-1] < 0 < _arr(fsam_trace["x"])[-1]
+    # ... and each end point is a minimum (positive-definite Hessian), not the ridge between them
+    from toy_problems.figures.fisher_sam import _basin_of
+
+    prob = tp.get("gaussian_mixture")
+    for trace, basin in ((sam_trace, "sharp"), (fsam_trace, "flat")):
+        end = torch.tensor([_arr(trace["x"])[-1], _arr(trace["y"])[-1]], dtype=torch.float64)
+        h = torch.autograd.functional.hessian(lambda t: prob.loss(t), end)
+        assert _basin_of(prob, end) == basin and float(torch.linalg.eigvalsh(h).min()) > 1e-4
     # change widgets: another problem, fewer steps, one optimizer
     at.sidebar.selectbox[0].select("himmelblau").run()
     at.multiselect(key="optimizers").set_value(["GD", "SAM"]).run()

@@ -98,27 +98,57 @@ def test_gauss_hermite_smoothing_matches_monte_carlo_on_the_mixture():
 # ------------------------------------------------------------------------------------------------
 # Fisher SAM Fig. 2 / 3 and VSAM Fig. 1 claims
 # ------------------------------------------------------------------------------------------------
-def _run(kind: str, start, steps: int = 200):
+def _run(kind: str, start, steps: int | None = None, gamma: float | None = None):
+    """(basin, end point, Hessian eigenvalues at the end) of one Fig. 2/3 method; the reduced step
+    count by default (``test_fsam_reduced_steps_decide_the_basin`` checks 1500 steps agree)."""
     prob = tp.get("gaussian_mixture")
-    sam, fsam, asam = fisher_sam._factories(prob)
+    sam, fsam, asam = fisher_sam._factories(prob, gamma=gamma)
     factory = {"SAM": sam, "FSAM": fsam, "ASAM": asam}[kind][1]
+    steps = figures.FSAM_SETTINGS["steps_reduced"] if steps is None else steps
     tr = tp.run_trajectory(prob, factory, start, steps)
     assert not tr.diverged, tr.message
-    return fisher_sam._basin_of(prob, tr.path[-1])
+    end = tr.path[-1]
+    # the dense 2x2 Hessian of eq. 15 by double autograd (independent of the optimizers)
+    h = torch.autograd.functional.hessian(lambda t: prob.loss(t), end.clone())
+    return fisher_sam._basin_of(prob, end), end, torch.linalg.eigvalsh(h)
 
 
-def test_fsam_fig2_claim_sam_sharp_fsam_flat_from_large_sigma():
+def test_fsam_fig2_claim_sam_sharp_fsam_flat():
     start = figures.FSAM_SETTINGS["fig2_start"]
-    assert start[1] >= 40  # "large sigma"
-    assert _run("SAM", start) == "sharp"
-    assert _run("FSAM", start) == "flat"
+    basin, end, eig = _run("SAM", start)
+    assert basin == "sharp" and float(eig.min()) > 1e-4  # a minimum, not the ridge
+    assert float(end[0]) < -10
+    basin, end, eig = _run("FSAM", start)
+    assert basin == "flat" and float(eig.min()) > 1e-4
+    flat = tp.get("gaussian_mixture").minima[0]
+    assert flat.label == "flat" and float((end - torch.tensor(flat.theta)).norm()) < 5
 
 
 def test_fsam_fig3_claim_asam_sharp_fsam_flat_from_mu_near_zero():
     start = figures.FSAM_SETTINGS["fig3_start"]
     assert abs(start[0]) < 1
-    assert _run("ASAM", start) == "sharp"
-    assert _run("FSAM", start) == "flat"
+    basin, end, eig = _run("ASAM", start)
+    assert basin == "sharp" and float(eig.min()) > 1e-4 and float(end[0]) < -10
+    basin, end, eig = _run("FSAM", start)
+    assert basin == "flat" and float(eig.min()) > 1e-4 and float(end[0]) > 15
+
+
+def test_fsam_small_gamma_case_stalls_on_the_ridge():
+    s = figures.FSAM_SETTINGS
+    basin, end, eig = _run("FSAM", s["small_gamma_start"], gamma=s["small_gamma"])
+    # between the basins (mu near 0) at a saddle of the loss: one negative Hessian eigenvalue
+    assert abs(float(end[0])) < 3 and float(eig.min()) < 0 < float(eig.max())
+    basin, end, eig = _run("SAM", s["small_gamma_start"], gamma=s["small_gamma"])
+    assert basin == "sharp" and float(eig.min()) > 0
+
+
+@pytest.mark.slow
+def test_fsam_reduced_steps_decide_the_basin():
+    s = figures.FSAM_SETTINGS
+    for kind, start in (("SAM", s["fig2_start"]), ("FSAM", s["fig2_start"]), ("ASAM", s["fig3_start"])):
+        short, _, _ = _run(kind, start)
+        full, _, eig = _run(kind, start, steps=s["steps"])
+        assert short == full and float(eig.min()) > 1e-4, kind
 
 
 def test_vsam_fig1_claim_smoothing_shrinks_the_sharp_basin():
@@ -207,8 +237,13 @@ def test_figures_command_all_reduced(tmp_path):
         assert json.loads((tmp_path / f"{name}.json").read_text())["figure"] == name
     f2 = json.loads((tmp_path / "fsam_fig2.json").read_text())
     assert f2["runs"]["SAM"]["basin"] == "sharp" and f2["runs"]["FSAM"]["basin"] == "flat"
+    for run in f2["runs"].values():
+        assert min(run["end_hessian_eigenvalues"]) > 0
     f3 = json.loads((tmp_path / "fsam_fig3.json").read_text())
     assert f3["runs"]["ASAM"]["basin"] == "sharp" and f3["runs"]["FSAM"]["basin"] == "flat"
+    assert f"rho = {figures.FSAM_SETTINGS['asam_rho']:g}" in f3["runs"]["ASAM"]["settings"]
+    small = json.loads((tmp_path / "fsam_fig2_small_gamma.json").read_text())
+    assert min(small["runs"]["FSAM"]["end_hessian_eigenvalues"]) < 0
     b3 = json.loads((tmp_path / "bsam_fig3.json").read_text())
     d = b3["predictive_distance_to_exact"]
     assert d["bSAM"]["tv_mean"] < d["SAM"]["tv_mean"]

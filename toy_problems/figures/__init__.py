@@ -6,8 +6,10 @@ Figures (name -> what):
 
 * ``fsam_fig1``: Fisher SAM Fig. 1, contour of eq. 15 with both minima (loss, Hessian trace), ours and
   the paper's.
-* ``fsam_fig2``: Fisher SAM Fig. 2, SAM vs FSAM (analytic Fisher) from a large-sigma start.
-* ``fsam_fig3``: Fisher SAM Fig. 3, ASAM vs FSAM from a start with mu near 0.
+* ``fsam_fig2``: Fisher SAM Fig. 2, SAM vs FSAM (analytic Fisher, gamma = 1): SAM sharp, FSAM flat.
+* ``fsam_fig2_small_gamma``: the same pair with gamma = 0.2 from a large-sigma start: FSAM stalls on
+  the ridge between the basins.
+* ``fsam_fig3``: Fisher SAM Fig. 3, ASAM (its own radius) vs FSAM from a start with mu near 0.
 * ``vsam_fig1``: VSAM Fig. 1 A-D at rho = 8 (loss, Gaussian-smoothed, worst case in the ball, SAM's
   first-order objective) with basin areas.
 * ``bsam_fig3``: bSAM Fig. 3, predictive maps (exact, SAM, SAM + Laplace, bSAM) on logistic regression.
@@ -37,7 +39,13 @@ from toy_problems.figures.bsam import (
     moons_results,
 )
 from toy_problems.figures.common import REDUCED_BELOW, save_json
-from toy_problems.figures.fisher_sam import FSAM_SETTINGS, fsam_fig1, fsam_fig2, fsam_fig3
+from toy_problems.figures.fisher_sam import (
+    FSAM_SETTINGS,
+    fsam_fig1,
+    fsam_fig2,
+    fsam_fig2_small_gamma,
+    fsam_fig3,
+)
 from toy_problems.figures.vsam import VSAM_BOUNDS, VSAM_RHO, vsam_fig1, vsam_panels
 
 __all__ = [
@@ -53,6 +61,7 @@ __all__ = [
     "vsam_panels",
     "fsam_fig1",
     "fsam_fig2",
+    "fsam_fig2_small_gamma",
     "fsam_fig3",
     "vsam_fig1",
     "bsam_fig3",
@@ -63,6 +72,7 @@ __all__ = [
 FIGURES: dict[str, Callable[[Path, int], dict]] = {
     "fsam_fig1": fsam_fig1,
     "fsam_fig2": fsam_fig2,
+    "fsam_fig2_small_gamma": fsam_fig2_small_gamma,
     "fsam_fig3": fsam_fig3,
     "vsam_fig1": vsam_fig1,
     "bsam_fig3": bsam_fig3,

@@ -10,23 +10,30 @@ from typing import Any
 import numpy as np
 import torch
 
-from toy_problems.base import gradient
+from toy_problems.base import gradient, hessian
 from toy_problems.figures.common import REDUCED_BELOW, contour_levels, pyplot, save_html, save_png
 from toy_problems.gaussian_mixture import GaussianMixture
 from toy_problems.trajectory import run_trajectory
 
-__all__ = ["FSAM_SETTINGS", "fsam_fig1", "fsam_fig2", "fsam_fig3"]
+__all__ = ["FSAM_SETTINGS", "fsam_fig1", "fsam_fig2", "fsam_fig2_small_gamma", "fsam_fig3", "method_settings"]
 
-#: Fisher SAM Fig. 2/3: one shared setting (the paper gives none). gamma is SAM's radius, FSAM's
-#: Fisher radius and ASAM's scaled radius; plain SGD base optimizer.
+#: Fisher SAM Fig. 2/3 settings (the paper gives none), plain SGD base optimizer. ``gamma`` is SAM's
+#: radius and FSAM's Fisher radius; ASAM has its own scaled radius ``asam_rho`` (with ``gamma`` = 1 it
+#: is not drawn into the sharp basin). From (0, 20) SAM and ASAM end in the sharp basin and FSAM in
+#: the flat one, each at a point with a positive-definite Hessian. ``small_gamma`` is the second case
+#: (``fsam_fig2_small_gamma``): with gamma = 0.2 from (-30, 45) FSAM stalls on the ridge between the
+#: basins, where the Hessian has a negative eigenvalue.
 FSAM_SETTINGS = {
-    "gamma": 0.2,
+    "gamma": 1.0,
     "lr": 400.0,
     "steps": 1500,
-    "steps_reduced": 200,  # the basin each method ends in is already decided after 200 steps
+    "steps_reduced": 200,  # the basin each method ends in (and its positive curvature) is decided by 200
+    "asam_rho": 0.1,
     "asam_eta": 0.01,
-    "fig2_start": (-30.0, 45.0),
+    "fig2_start": (0.0, 20.0),
     "fig3_start": (0.0, 20.0),
+    "small_gamma": 0.2,
+    "small_gamma_start": (-30.0, 45.0),
 }
 
 
@@ -93,17 +100,17 @@ def fsam_fig1(out: Path, resolution: int) -> dict:
     return numbers
 
 
-def _fsam_pair(out: Path, resolution: int, name: str, start, methods) -> dict:
+def _fsam_pair(out: Path, resolution: int, name: str, start, methods, headline: str) -> dict:
     plt = pyplot()
     prob = GaussianMixture()
     s = dict(FSAM_SETTINGS)
     s["steps"] = s["steps_reduced"] if resolution < REDUCED_BELOW else s["steps"]
     xs, ys, T = prob.grid(resolution)
     Z = prob.loss(T).numpy()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
     numbers: dict[str, Any] = {"settings": {**s, "start": list(start)}, "runs": {}}
     start_t = torch.tensor(start, dtype=torch.float64)
-    for ax, (label, factory, region) in zip(axes, methods):
+    for ax, (label, factory, region, setting) in zip(axes, methods):
         tr = run_trajectory(prob, factory, start, s["steps"])
         ax.contourf(xs, ys, Z, levels=contour_levels(Z), cmap="viridis", extend="max")
         path = tr.path.numpy()
@@ -129,19 +136,31 @@ def _fsam_pair(out: Path, resolution: int, name: str, start, methods) -> dict:
             xytext=start,
             arrowprops={"arrowstyle": "->", "color": "red", "lw": 2},
         )
-        basin = _basin_of(prob, tr.path[-1])
+        end = tr.path[-1]
+        basin = _basin_of(prob, end)
+        eig = torch.linalg.eigvalsh(hessian(prob, end)).tolist() if not tr.diverged else [math.nan] * 2
         for m, marker in zip(prob.minima, ("*", "o")):
             ax.plot(
                 *m.theta, marker=marker, color="tab:blue" if m.label == "flat" else "magenta", ms=10, mec="w"
             )
         ax.set_title(
-            f"{label}: ends in the {basin} basin" + (" (diverged)" if tr.diverged else ""), fontsize=9
+            f"{label} ({setting})\nends at ({end[0]:.2f}, {end[1]:.2f}) "
+            + (
+                f"in the {basin} basin"
+                if eig[0] > 0
+                else f"on the ridge (saddle; flows to the {basin} basin)"
+            )
+            + f", min eig H = {eig[0]:+.2g}"
+            + (" (diverged)" if tr.diverged else ""),
+            fontsize=9,
         )
         ax.set_xlabel("mu")
         numbers["runs"][label] = {
-            "end": tr.path[-1].tolist(),
+            "settings": setting,
+            "end": end.tolist(),
             "end_loss": float(tr.losses[-1]),
             "basin": basin,
+            "end_hessian_eigenvalues": eig,
             "diverged": tr.diverged,
             "message": tr.message,
             "first_probe": eps.tolist(),
@@ -150,31 +169,50 @@ def _fsam_pair(out: Path, resolution: int, name: str, start, methods) -> dict:
         }
     axes[0].set_ylabel("sigma")
     fig.suptitle(
-        f"{name}: cyan = worst-case probe, red = update (x5), yellow = neighbourhood at the start "
-        f"(true scale); gamma={s['gamma']}, lr={s['lr']}, {s['steps']} steps",
+        f"{headline}\nSGD base, lr={s['lr']}, {s['steps']} steps from {tuple(start)}; cyan = worst-case "
+        "probe, red = update (x5), yellow = neighbourhood at the start (true scale)",
         fontsize=9,
+        y=1.07,  # above the two-line panel titles
     )
     save_png(fig, out / f"{name}.png")
     return numbers
 
 
-def _factories(prob: GaussianMixture):
+def method_settings(gamma: float | None = None) -> dict[str, str]:
+    """How each method of Fig. 2/3 is set, as the figures print it (``gamma`` overrides SAM's radius
+    and FSAM's Fisher radius)."""
+    s = FSAM_SETTINGS
+    g = s["gamma"] if gamma is None else gamma
+    return {
+        "SAM": f"rho = {g:g}",
+        "FSAM": f"gamma = {g:g}, analytic Fisher",
+        "ASAM": f"rho = {s['asam_rho']:g}, eta = {s['asam_eta']:g}",
+    }
+
+
+def _factories(prob: GaussianMixture, gamma: float | None = None):
+    """(label, optimizer factory, neighbourhood semi-axes at a point, settings text) for SAM, FSAM and
+    ASAM with :data:`FSAM_SETTINGS` (``gamma`` overrides SAM's radius and FSAM's Fisher radius)."""
     from optimizers import ASAM, SAM, FisherSAM
 
     s = FSAM_SETTINGS
-    g, lr = s["gamma"], s["lr"]
-    sam = ("SAM", lambda p: SAM(p, torch.optim.SGD, rho=g, lr=lr), lambda t: (g, g))
+    g = s["gamma"] if gamma is None else gamma
+    lr, ra, eta = s["lr"], s["asam_rho"], s["asam_eta"]
+    text = method_settings(g)
+    sam = ("SAM", lambda p: SAM(p, torch.optim.SGD, rho=g, lr=lr), lambda t: (g, g), text["SAM"])
     fsam = (
         "FSAM",
         lambda p: FisherSAM(p, torch.optim.SGD, rho=g, fisher=prob.fisher, lr=lr),
         # eps^T F eps <= gamma^2 with F = diag(1/sigma^2, 2/sigma^2)
         lambda t: (g * float(t[1]), g * float(t[1]) / math.sqrt(2)),
+        text["FSAM"],
     )
     asam = (
         "ASAM",
-        lambda p: ASAM(p, torch.optim.SGD, rho=g, eta=s["asam_eta"], scale_all=True, lr=lr),
-        # ||T^{-1} eps|| <= gamma with T = |theta| + eta
-        lambda t: (g * (abs(float(t[0])) + s["asam_eta"]), g * (abs(float(t[1])) + s["asam_eta"])),
+        lambda p: ASAM(p, torch.optim.SGD, rho=ra, eta=eta, scale_all=True, lr=lr),
+        # ||T^{-1} eps|| <= rho with T = |theta| + eta
+        lambda t: (ra * (abs(float(t[0])) + eta), ra * (abs(float(t[1])) + eta)),
+        text["ASAM"],
     )
     return sam, fsam, asam
 
@@ -182,10 +220,22 @@ def _factories(prob: GaussianMixture):
 def fsam_fig2(out: Path, resolution: int) -> dict:
     prob = GaussianMixture()
     sam, fsam, _ = _factories(prob)
-    return _fsam_pair(out, resolution, "fsam_fig2", FSAM_SETTINGS["fig2_start"], [sam, fsam])
+    head = "Fisher SAM Fig. 2: SAM ends in the sharp basin, Fisher-SAM in the flat one"
+    return _fsam_pair(out, resolution, "fsam_fig2", FSAM_SETTINGS["fig2_start"], [sam, fsam], head)
+
+
+def fsam_fig2_small_gamma(out: Path, resolution: int) -> dict:
+    """The second case: a small radius (``FSAM_SETTINGS['small_gamma']``) from a large-sigma start."""
+    prob = GaussianMixture()
+    g = FSAM_SETTINGS["small_gamma"]
+    sam, fsam, _ = _factories(prob, gamma=g)
+    head = f"Fisher SAM Fig. 2, second case: gamma = {g:g}: Fisher-SAM stalls on the ridge"
+    start = FSAM_SETTINGS["small_gamma_start"]
+    return _fsam_pair(out, resolution, "fsam_fig2_small_gamma", start, [sam, fsam], head)
 
 
 def fsam_fig3(out: Path, resolution: int) -> dict:
     prob = GaussianMixture()
     _, fsam, asam = _factories(prob)
-    return _fsam_pair(out, resolution, "fsam_fig3", FSAM_SETTINGS["fig3_start"], [asam, fsam])
+    head = "Fisher SAM Fig. 3: ASAM ends in the sharp basin, Fisher-SAM in the flat one"
+    return _fsam_pair(out, resolution, "fsam_fig3", FSAM_SETTINGS["fig3_start"], [asam, fsam], head)

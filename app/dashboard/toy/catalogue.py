@@ -146,8 +146,8 @@ OWN_LR_SCALE = frozenset({"Adam", "BayesianSAM"})
 # Problem-specific settings: a start point, a step count, the learning rate of the gradient-step
 # optimizers (stable for the problem's curvature along the default paths) and per-optimizer values.
 PROBLEM_SETTINGS: dict[str, dict[str, Any]] = {
-    # Fisher-SAM Fig. 2 setting (toy_problems.figures.FSAM_SETTINGS): SAM ends in the sharp basin,
-    # Fisher-SAM crosses to the flat one
+    # Fisher-SAM Fig. 2/3 setting (toy_problems.figures.FSAM_SETTINGS): from (0, 20) SAM (rho 1) and
+    # ASAM (its own rho 0.1) end in the sharp minimum, Fisher-SAM (gamma 1) in the flat one
     "gaussian_mixture": {
         "start": figures.FSAM_SETTINGS["fig2_start"],
         "steps": 300,
@@ -157,7 +157,7 @@ PROBLEM_SETTINGS: dict[str, dict[str, Any]] = {
             "SAM": {"lr": 400.0, "rho": figures.FSAM_SETTINGS["gamma"]},
             "ASAM": {
                 "lr": 400.0,
-                "rho": figures.FSAM_SETTINGS["gamma"],
+                "rho": figures.FSAM_SETTINGS["asam_rho"],
                 "eta": figures.FSAM_SETTINGS["asam_eta"],
             },
             "FisherSAM": {"lr": 400.0, "rho": figures.FSAM_SETTINGS["gamma"], "eta": 1.0},
