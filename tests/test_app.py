@@ -243,21 +243,109 @@ def test_bayes_distances_and_ellipses_against_direct_computation():
         bayes.logistic(20, {"adam": {"lr": 1.0}})
 
 
+def _network_app(**state) -> AppTest:
+    at = AppTest.from_file(str(APP / "pages/4_Network_landscape.py"), default_timeout=400)
+    base = {"net_optimizers": ["SGD", "SAM"], "net_epochs": 1, "net_hidden": 16, "net_resolution": 11}
+    for k, v in {**base, **state}.items():
+        at.session_state[k] = v
+    return at.run()
+
+
+def _cells(at: AppTest) -> list:
+    return [v for t in at.dataframe for col in t.value.columns for v in t.value[col]]
+
+
+@pytest.mark.slow  # about 90 s on two shared cores
 def test_network_page_defaults_and_all_analyses():
-    at = _run("pages/4_Network_landscape.py", timeout=400)
+    from dashboard import network as nw
+
+    import landscape as ls
+
+    at = _network_app()
     _no_errors(at)
     charts = _charts(at)
     assert _names(charts[0]) == ["SGD", "SAM"]  # training curves
     surfaces = [c for c in charts if "contour" in _types(c)]
     assert len(surfaces) == 2 and all("trajectory" in _names(c) for c in surfaces)
-    at.sidebar.slider[0].set_value(2).run()  # epochs
-    at.sidebar.multiselect[1].set_value(["surface", "spectrum", "sharpness"]).run()
+    at.session_state["net_sharp_split"] = "test"
+    at.session_state["net_sharp_rho"] = 0.1
+    at.session_state["net_sharp_measures"] = ["lambda_max", "worst_case"]
+    at.multiselect(key="net_analyses").set_value(["spectrum", "interpolation", "sharpness"]).run()
     _no_errors(at)
+    assert not any(c is None or (isinstance(c, float) and math.isnan(c)) for c in _cells(at))
+    runs = {k[0]: r for k, r in at.session_state["trained_runs"].items()}
+    sgd, sam = runs["SGD"], runs["SAM"]
     charts = _charts(at)
     spectrum = next(c for c in charts if c["layout"].get("yaxis", {}).get("type") == "log")
     assert _names(spectrum) == ["SGD", "SAM"]
-    tables = at.dataframe
-    assert len(tables) >= 3  # test metrics, spectrum summary, sharpness table
+    # spectrum table: the smallest eigenvalue is Lanczos' on the same model, the trace Hutchinson's
+    table = next(t.value for t in at.dataframe if "smallest eigenvalue" in t.value.columns)
+    assert "trace (SLQ)" not in table.columns
+    for name, run in (("SGD", sgd), ("SAM", sam)):
+        row = table[table["optimizer"] == name].iloc[0]
+        h = ls.hessian(nw.objective_of(run))
+        low = float(ls.eigenvalues(h, k=1, which="smallest", seed=0).values[0])
+        assert math.isclose(float(row["smallest eigenvalue"].split()[0]), low, rel_tol=1e-3)
+        assert row["smallest eigenvalue"].endswith("negative") == (low < 0)
+        tr = float(ls.trace(h, seed=0).value)
+        assert math.isclose(float(row["trace (Hutchinson)"].split(" ± ")[0]), tr, rel_tol=1e-3)
+    assert any("Hutchinson" in c.value and "few probe" in c.value for c in at.caption)
+    # interpolation: the curve's ends are the two models' training losses
+    path = next(
+        c for c in charts if c["layout"].get("xaxis", {}).get("title", {}).get("text", "").startswith("t")
+    )
+    x, y = nw.data_of(sgd, "train")
+    loss = _arr(path["data"][0]["y"])
+    with torch.no_grad():
+        la = float(torch.nn.functional.cross_entropy(nw.model_of(sgd)(x), y))
+        lb = float(torch.nn.functional.cross_entropy(nw.model_of(sam)(x), y))
+    np.testing.assert_allclose([loss[0], loss[-1]], [la, lb], rtol=1e-5)
+    # sharpness: the chosen measures on the test split with rho 0.1
+    sharp = next(t.value for t in at.dataframe if "measure" in t.value.columns)
+    assert set(sharp["measure"]) == {"lambda_max", "worst_case"}
+    assert all("0.1" in o for o in sharp[sharp["measure"] == "worst_case"]["options"])
+    v = float(sharp[(sharp["optimizer"] == "SGD") & (sharp["measure"] == "lambda_max")]["value"].iloc[0])
+    top = float(ls.eigenvalues(ls.hessian(nw.objective_of(sgd, "test")), k=1, seed=0).values[0])
+    assert math.isclose(v, top, rel_tol=1e-3)
+
+
+def test_network_page_diverging_run_warns_and_seeds_give_error_bars():
+    at = AppTest.from_file(str(APP / "pages/4_Network_landscape.py"), default_timeout=400)
+    for k, v in {"net_optimizers": ["SGD"], "net_epochs": 1, "net_hidden": 16, "net_seeds": 2}.items():
+        at.session_state[k] = v
+    at.session_state["net_analyses"] = []
+    at.run()
+    next(w for w in at.number_input if w.label == "SGD: lr").set_value(10.0).run()
+    _no_errors(at)
+    warnings = [w.value for w in at.warning]
+    assert any("SGD" in w and "diverged" in w and "seed 0" in w for w in warnings), warnings
+    runs = sorted(
+        (r for k, r in at.session_state["trained_runs"].items() if k[1] == 10.0),
+        key=lambda r: r.config["seed"],
+    )
+    assert [r.config["seed"] for r in runs] == [0, 1]
+    acc = np.array([r.test["accuracy"] for r in runs])
+    row = at.dataframe[0].value.iloc[0]
+    assert row["seeds"] == 2
+    assert row["accuracy"] == f"{acc.mean():.4f} ± {acc.std(ddof=1):.4f}"
+
+
+def test_network_models_and_table_cells():
+    from dashboard import network as nw
+
+    import landscape as ls
+
+    for arch, (name, _, image) in nw.ARCHITECTURES.items():
+        assert name in ls.models.available_models()
+        model = nw.make_model(16, 0, arch)
+        x, _ = nw.digits(0, image)[1]
+        assert model(x[:3]).shape == (3, 10), arch
+    with pytest.raises(ValueError, match="unknown model"):
+        nw.make_model(16, 0, "VGG")
+    assert nw._cell(None) == "—" and nw._cell(float("nan")) == "—" and nw._cell(0.123456) == "0.1235"
+    with pytest.raises(ValueError, match="unknown sharpness measure"):
+        nw.sharpness_measures(["nope"])
+    assert dict(nw.sharpness_measures(["worst_case"], 0.2))["worst_case"]["rho"] == 0.2
 
 
 def test_network_logic_against_dense_hessian_and_plain_evaluation():

@@ -26,6 +26,11 @@ from .network_plots import log_loss, shared_range, spectrum_figure, surface_figu
 
 __all__ = [
     "NETWORK_OPTIMIZERS",
+    "ARCHITECTURES",
+    "SHARPNESS_MEASURES",
+    "SPECTRUM_CAPTION",
+    "interpolation_of",
+    "run_label",
     "TrainedRun",
     "train_network",
     "surface_of",
@@ -77,6 +82,25 @@ SHARPNESS_MEASURES: list[tuple[str, dict[str, Any]]] = [
     ("worst_case", {"rho": 0.05, "solver": "one_step"}),
     ("average_case", {"rho": 0.05}),
 ]
+#: the measures whose options take the radius ``rho``
+RHO_MEASURES = frozenset({"worst_case", "average_case"})
+
+#: page label -> (``landscape.models.model_factory`` name, keyword arguments, image input): all take
+#: the 8x8 scikit-learn digits (flat 64-vectors for the MLP, 1x8x8 images for the others)
+ARCHITECTURES: dict[str, tuple[str, dict[str, Any], bool]] = {
+    "MLP": ("mlp", {"activation": "tanh"}, False),
+    "LeNet-5": ("lenet5-digits", {}, True),
+    "ResNet": ("resnet", {"in_channels": 1, "width": 4, "blocks": (1, 1, 1)}, True),
+}
+
+SPECTRUM_CAPTION = (
+    "The trace is Hutchinson's estimate (XTrace where it applies, ``landscape.trace``), run until its "
+    "standard error is below 0.1 % of the value: this is the number to quote. The stochastic Lanczos "
+    "quadrature behind the density plot uses only a few probe vectors, so the trace it implies has a "
+    "standard error many times larger (often larger than the trace itself); it is not shown. The "
+    "smallest eigenvalue is Lanczos' at the other end of the spectrum; a negative one (marked) means "
+    "the solution is not a minimum along that direction."
+)
 
 
 @dataclass
@@ -92,14 +116,36 @@ class TrainedRun:
     history: dict[str, list[float]]
     test: dict[str, float]
     config: dict[str, Any] = field(default_factory=dict)
+    warning: str = ""  # non-empty when the run diverged (training loss above the initialisation's)
 
 
-def make_model(hidden: int, seed: int) -> nn.Module:
-    return ls.models.model_factory("mlp", sizes=[64, hidden, 10], activation="tanh", seed=seed)
+def _arch(arch: str) -> tuple[str, dict[str, Any], bool]:
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown model {arch!r}; choose from {list(ARCHITECTURES)}")
+    return ARCHITECTURES[arch]
 
 
-def digits(seed: int = 0) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    return ls.data.load_digits("train", seed=seed), ls.data.load_digits("test", seed=seed)
+def make_model(hidden: int, seed: int, arch: str = "MLP") -> nn.Module:
+    """The page's network: the MLP 64-hidden-10, LeNet-5 on 8x8 images or a small ResNet (width 4)."""
+    name, kwargs, _ = _arch(arch)
+    if name == "mlp":
+        kwargs = {**kwargs, "sizes": [64, hidden, 10]}
+    return ls.models.model_factory(name, seed=seed, **kwargs)
+
+
+def digits(
+    seed: int = 0, image: bool = False
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    return (
+        ls.data.load_digits("train", seed=seed, image=image),
+        ls.data.load_digits("test", seed=seed, image=image),
+    )
+
+
+def run_label(run: TrainedRun) -> str:
+    """``"SGD"`` for seed 0, ``"SGD (seed 2)"`` otherwise."""
+    seed = run.config["seed"]
+    return run.name if seed == 0 else f"{run.name} (seed {seed})"
 
 
 def _flat(model: nn.Module) -> torch.Tensor:
@@ -116,9 +162,10 @@ def train_network(
     batch_size: int = 64,
     seed: int = 0,
     record_every: int = 5,
+    arch: str = "MLP",
     on_step: Callable[[float], None] | None = None,
 ) -> TrainedRun:
-    """Train the MLP 64-hidden-10 (same initialisation for every optimizer) on the digits train split.
+    """Train ``arch`` (same initialisation for every optimizer, one per seed) on the digits train split.
 
     ``on_step(fraction_done)`` is called as training proceeds (the page drives a progress bar).
     A diverging run raises ``ValueError`` with a hint to lower the learning rate.
@@ -134,9 +181,13 @@ def train_network(
         raise ValueError(f"rho must be >= 0, got {rho}")
     if not (1 <= epochs <= 200):
         raise ValueError(f"epochs must be between 1 and 200, got {epochs}")
-    (xtr, ytr), (xte, yte) = digits(seed)
-    model = make_model(hidden, seed)
+    image = _arch(arch)[2]
+    (xtr, ytr), (xte, yte) = digits(seed, image)
+    model = make_model(hidden, seed, arch)
     initial = copy.deepcopy(model.state_dict())
+    with torch.no_grad():
+        loss0 = float(nn.functional.cross_entropy(model.eval()(xtr), ytr))
+    model.train()
     steps_total = epochs * math.ceil(len(ytr) / batch_size)
     snapshots = [_flat(model)]
 
@@ -157,10 +208,25 @@ def train_network(
             callback=callback,
         )
     except FloatingPointError as exc:
-        raise ValueError(f"{name} diverged ({exc}); lower its learning rate") from exc
+        raise ValueError(
+            f"{name} (lr {lr:g}, seed {seed}) diverged ({exc}); lower its learning rate"
+        ) from exc
     model.eval()
     with torch.no_grad():
         probs = torch.softmax(model(xte), dim=1)
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError(
+            f"{name} (lr {lr:g}, seed {seed}) diverged: the trained network's outputs are not finite; "
+            "lower its learning rate"
+        )
+    with torch.no_grad():
+        loss1 = float(nn.functional.cross_entropy(model(xtr), ytr))
+    warning = ""
+    if not loss1 <= loss0:  # also NaN
+        warning = (
+            f"{name} (lr {lr:g}, seed {seed}) diverged: its training loss rose from {loss0:.4g} at the "
+            f"initialisation to {loss1:.4g}; lower its learning rate"
+        )
     test = {
         "accuracy": float(metrics.accuracy(probs, yte)),
         "nll": float(metrics.nll(probs, yte)),
@@ -175,12 +241,14 @@ def train_network(
         trajectory=torch.stack(snapshots),
         history=history,
         test=test,
+        warning=warning,
         config={
             "optimizer": name,
             "lr": lr,
             "rho": rho,
             "epochs": epochs,
             "hidden": hidden,
+            "arch": arch,
             "batch_size": batch_size,
             "seed": seed,
             "record_every": record_every,
@@ -189,14 +257,37 @@ def train_network(
 
 
 def model_of(run: TrainedRun) -> nn.Module:
-    model = make_model(run.config["hidden"], run.config["seed"])
+    arch = run.config.get("arch", "MLP")
+    model = make_model(run.config["hidden"], run.config["seed"], arch)
     model.load_state_dict(run.state_dict)
     return model.eval()
 
 
+def data_of(run: TrainedRun, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    """The digits split (``"train"`` or ``"test"``) the run's model takes (images for the CNNs)."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    image = _arch(run.config.get("arch", "MLP"))[2]
+    return ls.data.load_digits(split, seed=run.config["seed"], image=image)
+
+
 def objective_of(run: TrainedRun, split: str = "train") -> ls.Objective:
-    data = ls.data.load_digits(split, seed=run.config["seed"])
-    return ls.Objective(model_of(run), nn.CrossEntropyLoss(), data)
+    return ls.Objective(model_of(run), nn.CrossEntropyLoss(), data_of(run, split))
+
+
+def interpolation_of(
+    run_a: TrainedRun, run_b: TrainedRun, *, split: str = "train", n_points: int = 21
+) -> ls.PathResult:
+    """Loss and accuracy on the straight line between two trained solutions (``landscape.interpolate``;
+    Goodfellow et al. 2015, Garipov et al. 2018's barrier)."""
+    if (
+        run_a.config.get("arch") != run_b.config.get("arch")
+        or run_a.config["hidden"] != run_b.config["hidden"]
+    ):
+        raise ValueError("both runs must have the same architecture to interpolate between them")
+    return ls.interpolate(
+        model_of(run_a), model_of(run_b), nn.CrossEntropyLoss(), data_of(run_a, split), n_points=n_points
+    )
 
 
 def surface_of(
@@ -243,12 +334,20 @@ def surface_of(
 def spectrum_of(
     run: TrainedRun, *, k: int = 5, runs: int = 5, lanczos_steps: int = 40, seed: int = 0
 ) -> dict[str, Any]:
-    """Top-k Hessian eigenvalues (restarted Lanczos, with residuals) and the SLQ spectral density."""
+    """Top-k and smallest Hessian eigenvalues (restarted Lanczos, with residuals), the Hessian trace
+    (Hutchinson / XTrace, ``landscape.trace``) and the SLQ spectral density (Ghorbani et al. 2019)."""
     obj = objective_of(run)
     H = ls.hessian(obj)
     eig = ls.eigenvalues(H, k=k, which="largest", seed=seed)
+    low = ls.eigenvalues(H, k=1, which="smallest", seed=seed)
+    tr = ls.trace(H, seed=seed)
     dens = ls.spectral_density(H, runs=runs, lanczos_steps=lanczos_steps, seed=seed)
     return {
+        "smallest": float(low.values[0]),
+        "smallest_converged": bool(low.converged[0]),
+        "hutchinson_trace": float(tr.value),
+        "hutchinson_stderr": float(tr.stderr),
+        "trace_method": tr.method,
         "eigenvalues": [float(v) for v in eig.values],
         "residuals": [float(v) for v in eig.residuals],
         "converged": [bool(v) for v in eig.converged],
@@ -256,45 +355,86 @@ def spectrum_of(
         "density": np.asarray(dens.density, dtype=float),
         "trace": float(dens.trace),
         "trace_stderr": float(dens.trace_stderr),
-        "matvecs": int(eig.matvecs + dens.matvecs),
+        "matvecs": int(eig.matvecs + low.matvecs + tr.matvecs + dens.matvecs),
     }
 
 
-def sharpness_rows(runs: dict[str, TrainedRun], measures=None) -> list[dict[str, Any]]:
-    """One row per (measure, optimizer): value and standard error, from ``ls.sharpness_report``."""
+def _cell(v: Any, fmt: str = ".4g") -> str:
+    """A table cell: a number in ``fmt``, "—" for a missing or non-finite one."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "—"
+    return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
+def sharpness_measures(names: list[str] | None = None, rho: float = 0.05) -> list[tuple[str, dict[str, Any]]]:
+    """The page's measures (all by default) with ``rho`` for the radius-based ones."""
+    known = dict(SHARPNESS_MEASURES)
+    names = list(known) if names is None else list(names)
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"unknown sharpness measure(s) {bad}; choose from {list(known)}")
+    if not (rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be a positive number, got {rho}")
+    return [(n, {**known[n], "rho": float(rho)} if n in RHO_MEASURES else dict(known[n])) for n in names]
+
+
+def sharpness_rows(runs: dict[str, TrainedRun], measures=None, split: str = "train") -> list[dict[str, Any]]:
+    """One row per (measure, optimizer) from ``ls.sharpness_report`` on ``split``: value and standard
+    error ("—" where a measure is exact), and the options it ran with."""
     measures = measures or SHARPNESS_MEASURES
     rows = []
     for name, run in runs.items():
-        report = ls.sharpness_report(objective_of(run), measures)
+        report = ls.sharpness_report(objective_of(run, split), measures)
         for row in report.table_rows():
             rows.append(
                 {
                     "optimizer": name,
                     "measure": row["measure"],
                     "value": row["value"],
-                    "stderr": row["stderr"],
-                    "options": row["options"],
+                    "stderr": _cell(row["stderr"], ".2g"),
+                    "options": _cell(row["options"]) if row["options"] else "—",
                 }
             )
     return rows
 
 
-def metric_rows(runs: dict[str, TrainedRun]) -> list[dict[str, Any]]:
-    """One row per optimizer with its test metrics (rounded to 4 decimals)."""
-    return [{"optimizer": n, **{k: round(v, 4) for k, v in r.test.items()}} for n, r in runs.items()]
+def _mean_std(values: list[float]) -> str:
+    """``"0.9528"`` for one value, ``"0.9528 ± 0.0041"`` (sample std) for several."""
+    v = np.asarray(values, dtype=float)
+    if len(v) == 1:
+        return f"{v[0]:.4f}"
+    return f"{v.mean():.4f} ± {v.std(ddof=1):.4f}"
+
+
+def metric_rows(runs: dict[str, TrainedRun | list[TrainedRun]]) -> list[dict[str, Any]]:
+    """One row per optimizer with its test metrics: the value for one seed, mean ± standard deviation
+    over the seeds for several (a list of runs)."""
+    rows = []
+    for n, r in runs.items():
+        seeds = r if isinstance(r, list) else [r]
+        row: dict[str, Any] = {"optimizer": n, "seeds": len(seeds)}
+        for k in seeds[0].test:
+            row[k] = _mean_std([s.test[k] for s in seeds])
+        rows.append(row)
+    return rows
 
 
 def spectrum_rows(spectra: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per optimizer: top eigenvalues, whether all converged, the SLQ trace with its error."""
-    return [
-        {
-            "optimizer": n,
-            "top eigenvalues": ", ".join(f"{v:.4g}" for v in sp["eigenvalues"]),
-            "all converged": all(sp["converged"]),
-            "trace (SLQ)": f"{sp['trace']:.4g} ± {sp['trace_stderr']:.2g}",
-        }
-        for n, sp in spectra.items()
-    ]
+    """One row per optimizer: top and smallest eigenvalues (a negative one marked), whether Lanczos
+    converged, and the Hutchinson trace with its standard error (see :data:`SPECTRUM_CAPTION`)."""
+    rows = []
+    for n, sp in spectra.items():
+        low = sp["smallest"]
+        rows.append(
+            {
+                "optimizer": n,
+                "top eigenvalues": ", ".join(f"{v:.4g}" for v in sp["eigenvalues"]),
+                "smallest eigenvalue": f"{low:.4g}" + ("  ⚠ negative" if low < 0 else ""),
+                "all converged": all(sp["converged"]) and sp["smallest_converged"],
+                "trace (Hutchinson)": f"{sp['hutchinson_trace']:.4g} ± {sp['hutchinson_stderr']:.2g}",
+            }
+        )
+    return rows
 
 
 def surface_caption(s: ls.Surface) -> str:

@@ -17,18 +17,26 @@ from dashboard.widgets import show_figure, show_table  # noqa: E402
 
 page_header(
     "Network landscape",
-    "Train the same small network (MLP 64-h-10 on the scikit-learn digits, one initialisation) with "
-    "several optimizers, then compare the loss surface around each solution with its training "
+    "Train the same small network (an MLP, LeNet-5 or a small ResNet on the scikit-learn 8x8 digits, "
+    "one initialisation per seed) with several optimizers, then compare the loss surface around each "
+    "solution with its training "
     "trajectory (PCA plane, Li et al. 2018), the Hessian spectrum (Lanczos + stochastic Lanczos "
-    "quadrature) and the sharpness measures: does SAM find a flatter minimum here, and does it pay off?",
+    "quadrature), the loss on the line between two solutions and the sharpness measures: does SAM "
+    "find a flatter minimum here, and does it pay off?",
 )
 
 with st.sidebar:
     chosen = st.multiselect(
         "optimizers", list(nw.NETWORK_OPTIMIZERS), default=["SGD", "SAM"], key="net_optimizers"
     )
+    arch = st.selectbox("model", list(nw.ARCHITECTURES), key="net_model")
     epochs = st.slider("epochs", 1, 50, 8, key="net_epochs")
-    hidden = st.select_slider("hidden units", [16, 32, 64], value=32, key="net_hidden")
+    hidden = st.select_slider(
+        "hidden units (MLP)", [16, 32, 64], value=32, key="net_hidden", disabled=arch != "MLP"
+    )
+    n_seeds = st.slider(
+        "seeds", 1, 5, 1, key="net_seeds", help="test metrics: mean ± standard deviation over the seeds"
+    )
     hypers = {}
     for name in chosen:
         _, lr0, rho0 = nw.NETWORK_OPTIMIZERS[name]
@@ -51,17 +59,33 @@ with st.sidebar:
         help="pca: the plane of the trajectory's principal directions; random: filter-normalised",
     )
     analyses = st.multiselect(
-        "analyses", ["surface", "spectrum", "sharpness"], default=["surface"], key="net_analyses"
+        "analyses",
+        ["surface", "spectrum", "interpolation", "sharpness"],
+        default=["surface"],
+        key="net_analyses",
     )
+    if "sharpness" in analyses:
+        sharp_split = st.radio("sharpness data", ["train", "test"], horizontal=True, key="net_sharp_split")
+        sharp_rho = st.number_input(
+            "sharpness rho", value=0.05, min_value=1e-4, max_value=5.0, format="%g", key="net_sharp_rho"
+        )
+        sharp_measures = st.multiselect(
+            "measures",
+            [m for m, _ in nw.SHARPNESS_MEASURES],
+            default=[m for m, _ in nw.SHARPNESS_MEASURES],
+            key="net_sharp_measures",
+        )
 
 
-def trained(name: str, lr: float, rho: float, epochs: int, hidden: int) -> nw.TrainedRun:
+def trained(
+    name: str, lr: float, rho: float, epochs: int, hidden: int, arch: str, seed: int
+) -> nw.TrainedRun:
     """Train once per session and configuration; a progress bar shows while it runs.
 
     An interrupted run (the user changes a widget mid-training) stores nothing, so the page never
     sees a half-trained model."""
     store = st.session_state.setdefault("trained_runs", {})
-    key = (name, lr, rho, epochs, hidden)
+    key = (name, lr, rho, epochs, hidden, arch, seed)
     if key not in store:
         bar = st.progress(0.0, text=f"training {name} ...")
         store[key] = nw.train_network(
@@ -70,6 +94,8 @@ def trained(name: str, lr: float, rho: float, epochs: int, hidden: int) -> nw.Tr
             rho=rho,
             epochs=epochs,
             hidden=hidden,
+            arch=arch,
+            seed=seed,
             on_step=lambda f: bar.progress(min(f, 1.0), text=f"training {name}: {100 * f:.0f}%"),
         )
         bar.empty()
@@ -87,22 +113,37 @@ def cached_spectrum(_run: nw.TrainedRun, key: tuple):
 
 
 @st.cache_resource(show_spinner="measuring sharpness ...", max_entries=32)
-def cached_sharpness(_run: nw.TrainedRun, key: tuple):
-    return nw.sharpness_rows({_run.name: _run})
+def cached_sharpness(_run: nw.TrainedRun, key: tuple, names: tuple, rho: float, split: str):
+    return nw.sharpness_rows({_run.name: _run}, nw.sharpness_measures(list(names), rho), split=split)
+
+
+@st.cache_resource(show_spinner="interpolating between the solutions ...", max_entries=32)
+def cached_path(_a: nw.TrainedRun, _b: nw.TrainedRun, key: tuple):
+    return nw.interpolation_of(_a, _b)
 
 
 if not chosen:
     st.info("Choose at least one optimizer in the sidebar.")
 else:
-    runs = {}
+    seeded: dict[str, list[nw.TrainedRun]] = {}
     with readable_errors("train the networks"):
         for name in chosen:
-            runs[name] = trained(name, *hypers[name], epochs, hidden)
+            for seed in range(n_seeds):
+                try:
+                    run = trained(name, *hypers[name], epochs, hidden, arch, seed)
+                except ValueError as exc:  # a diverging run: say which, keep the others
+                    st.warning(f"Run {name} (seed {seed}) left out: {exc}")
+                    continue
+                if run.warning:
+                    st.warning(f"Run {nw.run_label(run)}: {run.warning}")
+                seeded.setdefault(name, []).append(run)
+    # the analyses use each optimizer's first seed that trained
+    runs = {n: rs[0] for n, rs in seeded.items()}
     if runs:
-        st.subheader("Test metrics")
-        show_table(nw.metric_rows(runs), "test_metrics", key="metrics")
+        st.subheader("Test metrics" + (f" (mean ± std over {n_seeds} seeds)" if n_seeds > 1 else ""))
+        show_table(nw.metric_rows(seeded), "test_metrics", key="metrics")
         show_figure(nw.training_figure(runs), "training_loss", key="training")
-        keys = {n: (n, *hypers[n], epochs, hidden) for n in runs}
+        keys = {n: (n, *hypers[n], epochs, hidden, arch, r.config["seed"]) for n, r in runs.items()}
         if "surface" in analyses:
             st.subheader("Loss surface around each solution (one colour scale for all)")
             surfaces = {}
@@ -125,11 +166,40 @@ else:
                 spectra = {n: cached_spectrum(r, keys[n]) for n, r in runs.items()}
                 show_figure(nw.spectrum_figure(spectra), "hessian_spectrum", key="spectrum")
                 show_table(nw.spectrum_rows(spectra), "hessian_spectrum", key="spectrum_rows")
+                st.caption(nw.SPECTRUM_CAPTION)
+        if "interpolation" in analyses:
+            st.subheader("Loss on the line between two solutions (training data)")
+            every = {
+                nw.run_label(r): (r, (n, *hypers[n], epochs, hidden, arch, r.config["seed"]))
+                for n, rs in seeded.items()
+                for r in rs
+            }
+            labels = list(every)
+            if len(labels) < 2:
+                st.info("Interpolation needs two trained solutions: choose two optimizers or two seeds.")
+            else:
+                c1, c2 = st.columns(2)
+                a = c1.selectbox("from", labels, index=0, key="net_interp_a")
+                b = c2.selectbox("to", labels, index=1, key="net_interp_b")
+                with readable_errors("interpolate between the solutions"):
+                    path = cached_path(every[a][0], every[b][0], (every[a][1], every[b][1]))
+                    show_figure(
+                        path.to_plotly(title=f"{a} (t = 0) to {b} (t = 1)"), "interpolation", key="interp"
+                    )
+                    st.caption(
+                        f"loss {path.loss_a:.4g} at {a}, {path.loss_b:.4g} at {b}; barrier (highest loss on "
+                        f"the line above the straight line between the ends) {path.barrier:.4g} at t = "
+                        f"{path.t_barrier:.2f}"
+                    )
         if "sharpness" in analyses:
-            st.subheader("Sharpness measures (training data)")
-            with readable_errors("measure sharpness"):
-                rows = [row for n, r in runs.items() for row in cached_sharpness(r, keys[n])]
-                show_table(rows, "sharpness", key="sharpness")
+            st.subheader(f"Sharpness measures ({sharp_split} data, rho = {sharp_rho:g})")
+            if not sharp_measures:
+                st.info("Choose at least one sharpness measure in the sidebar.")
+            else:
+                with readable_errors("measure sharpness"):
+                    sharp_key = (tuple(sharp_measures), float(sharp_rho), sharp_split)
+                    rows = [row for n, r in runs.items() for row in cached_sharpness(r, keys[n], *sharp_key)]
+                    show_table(rows, "sharpness", key="sharpness")
 
 st.subheader("Open a saved surface file")
 upload = st.file_uploader(
