@@ -1,0 +1,67 @@
+"""``python -m experiments.study run CONFIG --out DIR`` and ``python -m experiments.study report DIR``.
+
+Every failure ends in one ``error: <what> — <how to fix>`` line on stderr (``--debug`` adds the
+traceback). ``run`` is resumable: a model whose result file exists with the same configuration is
+skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from landscape.cli_common import Parser, add_debug_option, note, run_cli
+
+__all__ = ["main"]
+
+
+def _parser() -> Parser:
+    parser = Parser(prog="python -m experiments.study", description="Does flatness predict generalisation?")
+    add_debug_option(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="train and measure the population of a study config (resumable)")
+    run.add_argument("config", help="study TOML file, e.g. configs/study_digits.toml")
+    run.add_argument("--out", required=True, help="output directory (models/<id>.json, tables, figure)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-report", action="store_true", help="skip the correlation report at the end")
+    add_debug_option(run)
+    rep = sub.add_parser("report", help="correlation tables and figure of a finished (or partial) study")
+    rep.add_argument("dir", help="the --out directory of a run")
+    rep.add_argument("--figure", help="also write the figure (PNG) here")
+    rep.add_argument("--json", help="also write the correlation JSON here")
+    rep.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    rep.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    add_debug_option(rep)
+    return parser
+
+
+def _main(argv: list[str]) -> int:
+    from experiments.study.population import load_study_config, plan_population, run_population
+    from experiments.study.report import write_report
+
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        cfg = load_study_config(args.config)
+        note(f"{len(plan_population(cfg))} models ({cfg['sampling']} sampling) -> {args.out}")
+        run_population(cfg, args.out, progress=not args.no_progress, log=note)
+        if not args.no_report:
+            doc = write_report(args.out)
+            print(doc["markdown"], end="")
+            note(f"tables and figure written to {args.out}")
+        return 0
+    if args.command == "report":
+        doc = write_report(
+            args.dir, figure=args.figure, json_path=args.json, samples=args.bootstrap, seed=args.seed
+        )
+        print(doc["markdown"], end="")
+        return 0
+    _parser().print_help()
+    raise ValueError("no command given — choose one of: run, report")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; returns 0, or raises ``SystemExit`` after one ``error:`` line."""
+    return run_cli(_main, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
