@@ -355,6 +355,7 @@ def _last_line(chunks: list[bytes]) -> str:
     return [ln for ln in text.splitlines() if ln.strip()][-1]
 
 
+@pytest.mark.slow  # a real surface subprocess, signalled part-way
 def test_sigterm_saves_a_partial_surface_that_resume_completes(files, tmp_path, capsys):
     out = tmp_path / "big.npz"
     proc, reader, chunks = _start_surface(tmp_path, files["mlp"], out)

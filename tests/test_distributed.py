@@ -62,6 +62,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned gloo processes: 15 s on an idle 2-core machine, minutes under load
 @pytest.mark.distributed
 def test_two_gloo_processes_match_single_process():
     model, loss, x, y, V = _problem()
