@@ -115,7 +115,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.augmentation": ("none", "flip", "crop_flip"),
     "data.label_noise_mode": ("flip", "uniform", "asymmetric"),
     "data.crop_fill": ("mean", "black"),
-    "train.schedule": ("cosine", "step", "constant", "swa"),
+    "train.schedule": ("cosine", "step", "constant", "swa", "none"),
     "distributed.mode": ("grid", "data_parallel"),
     "distributed.perturbation": ("global", "local"),
     "distributed.backend": ("auto", "gloo", "nccl"),
@@ -133,7 +133,14 @@ FREE_FORM = {
 }
 
 #: Keys of one entry of ``methods``.
-METHOD_KEYS: dict[str, Any] = {"name": "", "optimizer": "", "hyperparameters": {}, "swag": {}, "epochs": 0}
+METHOD_KEYS: dict[str, Any] = {
+    "name": "",
+    "optimizer": "",
+    "hyperparameters": {},
+    "swag": {},
+    "epochs": 0,
+    "schedule": "",
+}
 SWAG_KEYS: dict[str, Any] = {"rank": 20, "start_epoch": 0, "diag_only": False, "samples": 30, "scale": 1.0}
 
 _TYPE_NAMES = {
@@ -301,6 +308,11 @@ def _check_methods(methods: Any) -> list[dict[str, Any]]:
                 f"methods[{i}] must be a table with name, optimizer, hyperparameters; got {m!r}"
             )
         m = _merge(f"methods[{i}]", m, METHOD_KEYS)
+        if m["schedule"] and m["schedule"] not in CHOICES["train.schedule"]:
+            raise ConfigError(
+                f"methods[{i}].schedule must be one of {list(CHOICES['train.schedule'])} (or empty: "
+                f"train.schedule), got {m['schedule']!r}"
+            )
         if m["epochs"] < 0:
             raise ConfigError(f"methods[{i}].epochs must be >= 0 (0: train.epochs), got {m['epochs']}")
         if not m["optimizer"]:

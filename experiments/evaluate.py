@@ -7,13 +7,14 @@ parameters, buffers). Probabilities are computed in float64 from the logits.
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from experiments.data import CIFAR10C_GROUPS, RunData, _subset, corruption_limit, corruption_root
+from experiments.ensembles import bma_with_method, ensemble_probs, predict_probs, sample_contexts
 
 __all__ = ["evaluate_run", "predict_probs", "sharpness_measures"]
 
@@ -28,52 +29,6 @@ SHARPNESS_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
     "worst_case_adaptive": ("worst_case", {"rho": 0.5, "adaptive": True, "eta": 0.01, "iterations": 20}),
     "average_case": ("average_case", {}),
 }
-
-
-def predict_probs(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device) -> torch.Tensor:
-    """Softmax probabilities ``[N, C]`` (float64, CPU) of ``model`` on ``x``, in batches, eval mode."""
-    was = {m: m.training for m in model.modules()}
-    dtype = next(model.parameters()).dtype
-    out = []
-    try:
-        model.eval()
-        with torch.no_grad():
-            for i in range(0, len(x), batch_size):
-                logits = model(x[i : i + batch_size].to(device=device, dtype=dtype))
-                out.append(torch.softmax(logits.double(), dim=1).cpu())
-    finally:
-        for m, mode in was.items():
-            m.training = mode
-    return torch.cat(out)
-
-
-def _bma_probs(
-    opt: Any,
-    model: nn.Module,
-    x: torch.Tensor,
-    cfg: dict[str, Any],
-    seed: int,
-    device: torch.device,
-    swag: dict[str, Any],
-) -> torch.Tensor:
-    """Bayesian model average ``1/S sum_s softmax(f(x; w_s))`` in batches; every batch sees the same
-    ``S`` weight samples (the generator is re-seeded per batch)."""
-    fn = opt.bayesian_model_average
-    params = inspect.signature(fn).parameters
-    dtype = next(model.parameters()).dtype
-    bs = cfg["evaluation"]["batch_size"]
-    out = []
-    for i in range(0, len(x), bs):
-        kw: dict[str, Any] = {}
-        if "samples" in params:
-            kw["samples"] = swag["samples"] if swag else cfg["evaluation"]["bma_samples"]
-        if "generator" in params:
-            kw["generator"] = torch.Generator(device=device).manual_seed(seed)
-        if "scale" in params and swag:
-            kw["scale"] = swag["scale"]
-        probs = fn(model, x[i : i + bs].to(device=device, dtype=dtype), **kw)
-        out.append(probs.double().cpu())
-    return torch.cat(out)
 
 
 def _evaluate(
@@ -131,45 +86,53 @@ def _sharpness(
     return {"subset": k, "rows": rows}
 
 
-def _corruptions(
-    model: nn.Module,
-    opt: Any,
-    data: RunData,
-    cfg: dict[str, Any],
-    seed: int,
-    device: torch.device,
-    swag: dict[str, Any],
-    progress: bool,
-) -> dict[str, Any]:
-    e = cfg["evaluation"]
+class _Batches:
+    """Re-iterable device batches of the training inputs (``bn_data`` of SWAG's BatchNorm update)."""
+
+    def __init__(self, x: torch.Tensor, batch_size: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.x, self.bs, self.device, self.dtype = x, batch_size, device, dtype
+
+    def __iter__(self):
+        for i in range(0, len(self.x), self.bs):
+            yield self.x[i : i + self.bs].to(device=self.device, dtype=self.dtype)
+
+
+def _corruption_sets(
+    cfg: dict[str, Any], dtype: torch.dtype, labels: dict[str, torch.Tensor]
+) -> dict[str, Callable]:
+    """``"c10c/<corruption>/<severity>" -> loader`` of the configured CIFAR-10-C sets; each loader
+    stores the set's labels in ``labels``."""
     from landscape.data import CIFAR10C_ALL_CORRUPTIONS, load_cifar10c
 
-    names = list(e["corruption_names"]) or list(CIFAR10C_ALL_CORRUPTIONS)
+    e = cfg["evaluation"]
+    if not e["corruptions"]:
+        return {}
     root = corruption_root(e["corruptions"])
     normalize = cfg["data"]["kwargs"].get("normalize", True)
     limit = corruption_limit(float(cfg["budget"]), cfg["data"]["limit_test"])
-    use_bma = e["corruption_bma"] and hasattr(opt, "bayesian_model_average")
-    dtype = next(model.parameters()).dtype
-    table: dict[str, dict[str, Any]] = {}
-    todo = [(c, s) for c in names for s in e["severities"]]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    sets = {}
+    for c in list(e["corruption_names"]) or list(CIFAR10C_ALL_CORRUPTIONS):
+        for s in e["severities"]:
+            name = f"c10c/{c}/{s}"
 
-        bar = tqdm(total=len(todo), desc="CIFAR-10-C", unit="set", leave=False)
-    for c, s in todo:
-        x, y = load_cifar10c(root, c, s, dtype=dtype, normalize=normalize, limit=limit)
-        probs = (
-            _bma_probs(opt, model, x, cfg, seed, device, swag)
-            if use_bma
-            else predict_probs(model, x, e["batch_size"], device)
-        )
-        ev = _evaluate(probs, y, None, e["n_bins"])
-        table.setdefault(c, {})[str(s)] = {k: ev[k] for k in ("accuracy", "nll", "ece", "brier")}
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+            def load(c=c, s=s, name=name) -> torch.Tensor:
+                x, y = load_cifar10c(root, c, s, dtype=dtype, normalize=normalize, limit=limit)
+                labels[name] = y
+                return x
+
+            sets[name] = load
+    return sets
+
+
+def _corruption_table(
+    probs: dict[str, torch.Tensor], labels: dict[str, torch.Tensor], n_bins: int
+) -> dict[str, Any]:
+    """Metrics per corruption and severity, their means over everything and per group."""
+    table: dict[str, dict[str, Any]] = {}
+    for name, p in probs.items():
+        _, c, s = name.split("/")
+        ev = _evaluate(p, labels[name], None, n_bins)
+        table.setdefault(c, {})[s] = {k: ev[k] for k in ("accuracy", "nll", "ece", "brier")}
     summary: dict[str, float] = {}
     for metric in ("accuracy", "nll", "ece", "brier"):
         allv = [v[metric] for c in table for v in table[c].values()]
@@ -178,7 +141,7 @@ def _corruptions(
             vals = [v[metric] for c in members if c in table for v in table[c].values()]
             if vals:
                 summary[f"c10c_{group}_{metric}"] = sum(vals) / len(vals)
-    return {"per_corruption": table, "summary": summary, "limit": limit, "bma": use_bma}
+    return {"per_corruption": table, "summary": summary}
 
 
 def evaluate_run(
@@ -194,25 +157,33 @@ def evaluate_run(
     """Evaluate a trained run; returns ``(metrics, details)``.
 
     ``metrics`` is the flat row for tables: the configured point metrics, ``auroc_ood_*`` with an
-    OOD set, ``bma_*`` for optimizers with a posterior (``bayesian_model_average``), ``swa_*`` for
-    SWAG, ``c10c_*`` with CIFAR-10-C and ``sharpness_<measure>``. ``details`` holds every metric of
-    every evaluation, the CIFAR-10-C table per corruption and severity and the sharpness rows.
+    OOD set, ``bma_*`` for methods with a posterior (:mod:`experiments.ensembles`), ``swa_*`` for
+    SWAG, ``c10c_*`` with CIFAR-10-C (from the model average when ``corruption_bma`` and the method
+    has one) and ``sharpness_<measure>``. ``details`` holds every metric of every evaluation, the
+    CIFAR-10-C table per corruption and severity and the sharpness rows. SWAG's samples and SWA
+    solution get BatchNorm statistics recomputed on the training inputs.
     """
     from optimizers import SWAG
+    from optimizers.bayes.swag import has_batchnorm
 
     e = cfg["evaluation"]
+    bs = e["batch_size"]
     swag = cfg["methods"][0]["swag"]
-    keys = list(e["metrics"])
+    dtype = next(model.parameters()).dtype
+    keys = list(e["metrics"]) + (["auroc_ood_maxprob", "auroc_ood_entropy"] if data.x_ood is not None else [])
+    sets: dict[str, Callable[[], torch.Tensor]] = {"test": lambda: data.x_test}
     if data.x_ood is not None:
-        keys += ["auroc_ood_maxprob", "auroc_ood_entropy"]
+        sets["ood"] = lambda: data.x_ood
+    labels: dict[str, torch.Tensor] = {}
+    corr = _corruption_sets(cfg, dtype, labels)
+    bn = _Batches(data.x_train, bs, device, dtype) if has_batchnorm(model) else None
     details: dict[str, Any] = {}
 
-    def one(probs_fn) -> dict[str, Any]:
-        probs = probs_fn(data.x_test)
-        ood = probs_fn(data.x_ood) if data.x_ood is not None else None
-        return _evaluate(probs, data.y_test, ood, e["n_bins"])
+    def scored(probs: dict[str, torch.Tensor]) -> dict[str, Any]:
+        return _evaluate(probs["test"], data.y_test, probs.get("ood"), e["n_bins"])
 
-    details["point"] = one(lambda x: predict_probs(model, x, e["batch_size"], device))
+    point = {k: predict_probs(model, get(), bs, device) for k, get in sets.items()}
+    details["point"] = scored(point)
     unknown = [k for k in e["metrics"] if k not in details["point"]]
     if unknown:
         raise ValueError(
@@ -220,18 +191,41 @@ def evaluate_run(
         )
     metrics: dict[str, Any] = {k: details["point"][k] for k in keys}
     if isinstance(opt, SWAG) and opt.n_collected > 0:
-        with opt.swa():
-            details["swa"] = one(lambda x: predict_probs(model, x, e["batch_size"], device))
+        with opt.swa(model=model, bn_data=bn):
+            details["swa"] = scored({k: predict_probs(model, get(), bs, device) for k, get in sets.items()})
         metrics.update({f"swa_{k}": details["swa"][k] for k in keys})
-    if hasattr(opt, "bayesian_model_average") and (not isinstance(opt, SWAG) or opt.n_collected > 1):
+    samples = swag["samples"] if swag else e["bma_samples"]
+    scale = swag["scale"] if swag else 1.0
+    contexts = sample_contexts(opt, model, samples=samples, scale=scale, seed=seed, device=device, bn_data=bn)
+    bma_sets = {**sets, **(corr if e["corruption_bma"] else {})}
+    bma: dict[str, torch.Tensor] = {}
+    if contexts:
+        bma = ensemble_probs(contexts, model, bma_sets, bs, device, progress)
+    elif hasattr(opt, "bayesian_model_average") and not isinstance(opt, SWAG):
         try:
-            details["bma"] = one(lambda x: _bma_probs(opt, model, x, cfg, seed, device, swag))
-        except ValueError as exc:  # e.g. F-SGLD before its burn-in ended: no samples to average
+            bma = {
+                k: bma_with_method(
+                    opt, model, get(), samples=samples, scale=scale, seed=seed, batch_size=bs, device=device
+                )
+                for k, get in bma_sets.items()
+            }
+        except ValueError as exc:  # e.g. no stored samples to average yet
             details["bma_skipped"] = str(exc)
-        else:
-            metrics.update({f"bma_{k}": details["bma"][k] for k in keys})
-    if e["corruptions"]:
-        details["corruptions"] = _corruptions(model, opt, data, cfg, seed, device, swag, progress)
+    if bma:
+        details["bma"] = scored(bma)
+        metrics.update({f"bma_{k}": details["bma"][k] for k in keys})
+    if corr:
+        use_bma = e["corruption_bma"] and bool(bma)
+        probs = (
+            {k: bma[k] for k in corr}
+            if use_bma
+            else {k: predict_probs(model, get(), bs, device) for k, get in corr.items()}
+        )
+        details["corruptions"] = {
+            **_corruption_table(probs, labels, e["n_bins"]),
+            "bma": use_bma,
+            "limit": corruption_limit(float(cfg["budget"]), cfg["data"]["limit_test"]),
+        }
         metrics.update(details["corruptions"]["summary"])
     details["sharpness"] = _sharpness(model, data, cfg, device, progress)
     for label, row in details["sharpness"].get("rows", {}).items():

@@ -3,7 +3,10 @@
 A name is looked up in :data:`ALIASES` (``sgd``, ``sam``, ``bsam``, ...), then as a class or
 function of :mod:`optimizers` or :mod:`torch.optim` (``"SAM"``, ``"RMSprop"``). Arguments the run
 knows are filled in when the constructor takes them: ``model`` (BatchNorm handling of the SAM
-family), ``num_data`` / ``ess`` (the training-set size times ``data.num_data_factor``) and ``seed``.
+family), ``num_data`` / ``ess`` (the training-set size times ``data.num_data_factor``), ``seed`` and
+``steps_per_epoch``. A hyperparameter set to ``"default"`` is left to the constructor's default
+(``train.lr`` and ``train.optimizer_defaults`` are then not passed either); one written in epochs
+(``burn_in = "150 epochs"``, ``collect_every = "1 epoch"``) becomes a number of steps.
 ``base_optimizer = "sgd"`` (a name) becomes the ``torch.optim`` class. ``train.lr`` is the learning
 rate unless the method gives its own; ``train.optimizer_defaults`` (e.g. momentum, weight decay) are
 passed to every optimizer that accepts them. A hyperparameter the optimizer does not accept is an
@@ -54,7 +57,7 @@ ALIASES: dict[str, str] = {
     "f_swag": "f_swag",
 }
 
-_INJECTED = ("params", "model", "num_data", "ess", "seed", "generator")
+_INJECTED = ("params", "model", "num_data", "ess", "seed", "generator", "steps_per_epoch")
 #: Optimizers whose closure contract differs from "zero_grad, forward, backward, return loss".
 _UNSUPPORTED = {
     "VOGN": "its closure returns per-example losses",
@@ -177,9 +180,10 @@ def build_optimizer(
             kwargs[k] = v
     if "lr" in accepted or anything:
         kwargs["lr"] = train_cfg["lr"]
-    kwargs.update(
-        {k: _in_steps(k, v, steps_per_epoch, train_cfg.get("epoch_scale", 1.0)) for k, v in hyper.items()}
-    )
+    scale = train_cfg.get("epoch_scale", 1.0)
+    kwargs.update({k: _in_steps(k, v, steps_per_epoch, scale) for k, v in hyper.items()})
+    # "default": leave the argument to the constructor (no train.lr / optimizer_defaults either)
+    kwargs = {k: v for k, v in kwargs.items() if not (isinstance(v, str) and v == "default")}
     if "base_optimizer" in kwargs:
         kwargs["base_optimizer"] = _base_class(kwargs["base_optimizer"])
     extra: dict[str, Any] = {}
@@ -191,6 +195,8 @@ def build_optimizer(
         extra["ess"] = float(num_data)
     if "seed" in accepted:
         extra["seed"] = int(seed)
+    if "steps_per_epoch" in accepted:
+        extra["steps_per_epoch"] = int(steps_per_epoch)
     try:
         opt = fn(model.parameters(), **kwargs, **extra)
     except (TypeError, ValueError) as exc:

@@ -98,6 +98,8 @@ def plan_runs(cfg: dict[str, Any]) -> list[Run]:
                 one["methods"], one["seeds"] = [copy.deepcopy(method)], [seed]
                 if method["epochs"]:  # a method trained for its own number of epochs
                     one["train"]["epochs"] = method["epochs"]
+                if method["schedule"]:  # ... or with its own schedule ("none": its optimizer's)
+                    one["train"]["schedule"] = method["schedule"]
                 one = resolve_config(one)
                 d = root / variant if variant else root
                 runs.append(Run(variant, method["name"], seed, one, d / method["name"] / f"seed{seed}"))

@@ -133,9 +133,12 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch,
         )
         self.inner = inner_optimizer(self.opt)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.inner, lambda s: lr_factor(s, self.steps_per_epoch, t)
-        )
+        if t["schedule"] == "none":  # the optimizer sets its own learning rate (e.g. F-SGLD's official one)
+            self.scheduler: Any = _NoSchedule()
+        else:
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.inner, lambda s: lr_factor(s, self.steps_per_epoch, t)
+            )
         self.scaler = LossScaler(enabled=self.precision == "fp16")
         self.generators = {
             "data": torch.Generator().manual_seed(seed),
@@ -297,7 +300,7 @@ class Trainer:
         return row
 
     def _test_metrics(self) -> dict[str, float]:
-        from experiments.evaluate import predict_probs
+        from experiments.ensembles import predict_probs
         from landscape import metrics
 
         probs = predict_probs(self.model, self.data.x_test, self.cfg["evaluation"]["batch_size"], self.device)
@@ -342,6 +345,19 @@ class Trainer:
         finally:
             if logger is not None:
                 logger.close()
+
+
+class _NoSchedule:
+    """``train.schedule = "none"``: no scheduler touches the learning rate."""
+
+    def step(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        pass
 
 
 def _crop_fill(cfg: dict[str, Any], x: torch.Tensor) -> Any:

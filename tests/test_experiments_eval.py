@@ -19,7 +19,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from experiments.cli import main
 from experiments.config import ConfigError, load_config, resolve_config
 from experiments.data import SUBSET_SEED
-from experiments.evaluate import _corruptions, evaluate_run
+from experiments.ensembles import predict_probs
+from experiments.evaluate import _corruption_sets, _corruption_table, evaluate_run
 from experiments.parallel import DistContext
 from experiments.runner import plan_runs
 from experiments.train import Trainer
@@ -145,7 +146,11 @@ def test_cifar10c_table_matches_a_hand_computation(tmp_path):
         }
     )
     model = model_factory("mlp", sizes=[3072, 10], seed=0)
-    out = _corruptions(model, object(), None, cfg, 0, torch.device("cpu"), {}, False)
+    labels: dict[str, torch.Tensor] = {}
+    sets = _corruption_sets(cfg, torch.float32, labels)
+    assert sorted(sets) == ["c10c/gaussian_noise/1", "c10c/gaussian_noise/3", "c10c/snow/1", "c10c/snow/3"]
+    probs = {k: predict_probs(model, get(), 1000, torch.device("cpu")) for k, get in sets.items()}
+    out = _corruption_table(probs, labels, 20)
     mean = np.array([0.4914, 0.4822, 0.4465]).reshape(1, 3, 1, 1)
     std = np.array([0.2470, 0.2435, 0.2616]).reshape(1, 3, 1, 1)
     accs: dict[str, list[float]] = {}
@@ -241,3 +246,37 @@ def test_epoch_valued_hyperparameters_and_per_method_epochs(tmp_path):
     assert t.opt.burn_in == round(2 * 2 / 3 * 3) == 4 and t.opt.collect_every == round(2 / 3 * 3) == 2
     t.fit()
     assert t.opt.n_steps == 6 and len(t.opt.samples) == 1  # collected after step 6 only
+
+
+def test_swag_model_average_recomputes_batchnorm_statistics_per_sample(tmp_path):
+    t = trainer(
+        tmp_path,
+        "data.name=digits-image",
+        "model.name=resnet",
+        "model.kwargs={in_channels = 1, width = 4, blocks = [1]}",
+        "train.epochs=3",
+        "methods.sgd.swag={rank = 2, start_epoch = 0, diag_only = true, samples = 3}",
+        "evaluation.batch_size=4000",
+    )
+    t.fit()
+    metrics, _ = evaluate_run(t.model, t.opt, t.data, t.cfg, seed=5, device=torch.device("cpu"))
+    # by hand: draw each SWAG-Diag sample, set the weights, recompute every BatchNorm's statistics
+    # as the exact mean / unbiased variance over the training inputs (one batch, momentum None)
+    model = model_factory("resnet", in_channels=1, width=4, blocks=[1]).double()
+    model.load_state_dict(t.model.state_dict())
+    bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    gen = torch.Generator().manual_seed(5)
+    avg = 0.0
+    for _ in range(3):
+        vector_to_parameters(t.opt.sample_weights(gen, 1.0), model.parameters())
+        for m in bns:
+            m.reset_running_stats()
+            m.momentum = None
+        model.train()
+        with torch.no_grad():
+            model(t.data.x_train.double())
+        model.eval()
+        avg = avg + probs_of(model, t.data.x_test.double()) / 3
+    y = t.data.y_test.numpy()
+    assert metrics["bma_nll"] == pytest.approx(float(-np.log(avg[np.arange(len(y)), y]).mean()), rel=1e-9)
+    assert metrics["bma_accuracy"] == pytest.approx(float((avg.argmax(1) == y).mean()))
