@@ -198,7 +198,7 @@ def test_smoothed_panels_against_direct_formulas():
     assert np.all(panels["worst_case"] >= panels["loss"] - 1e-12)
 
 
-def test_bayesian_page_defaults_and_two_moons():
+def test_bayesian_page_defaults():
     at = _run("pages/3_Bayesian_view.py")
     _no_errors(at)
     charts = _charts(at)
@@ -217,6 +217,11 @@ def test_bayesian_page_defaults_and_two_moons():
     assert _types(charts[2]).count("contour") == 5  # exact, SAM, SAM+Laplace, bSAM, MFVI
     at.sidebar.slider[0].set_value(0.5).run()  # SAM rho
     _no_errors(at)
+
+
+@pytest.mark.slow  # about 25 s; two moons is also covered by the slow sweep in test_app_edges
+def test_bayesian_page_two_moons():
+    at = _run("pages/3_Bayesian_view.py")
     at.sidebar.checkbox[0].check().run()  # two moons
     at.sidebar.slider[4].set_value(10).run()
     _no_errors(at)
