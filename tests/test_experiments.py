@@ -381,3 +381,37 @@ def test_python_dash_m_reports_one_line_and_status(tmp_path):
     )
     assert proc.returncode == 2
     assert "budget must lie in (0, 1]" in one_line(proc.stderr) and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_stops_with_status_143_and_the_same_command_resumes(tmp_path):
+    """A real process killed by SIGTERM after its first checkpoint resumes to the weights of an
+    uninterrupted run (slow: two interpreter start-ups)."""
+    import os
+    import signal
+    import time
+
+    cfg = write_config(tmp_path, epochs=30, schedule="cosine")
+    cfg.write_text(
+        cfg.read_text()
+        .replace("batch_size = 256", "batch_size = 16")
+        .replace("seeds = [0, 1]", "seeds = [0]")
+    )
+    sam_only = 'methods=[{name = "sam", optimizer = "sam", hyperparameters = {rho = 0.05}}]'
+    args = [sys.executable, "-m", "experiments", "run", str(cfg), f"out_dir={tmp_path / 'b'}", sam_only]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpt = tmp_path / "b" / "tiny" / "sam" / "seed0" / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "run the same command again to resume" in one_line(err)
+    done = torch.load(ckpt, weights_only=True)["counters"]["epoch"]
+    assert 1 <= done < 30
+    assert subprocess.run(args, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
+    assert main(["run", str(cfg), f"out_dir={tmp_path / 'a'}", sam_only]) == 0
+    a = torch.load(tmp_path / "a" / "tiny" / "sam" / "seed0" / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(ckpt, weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
