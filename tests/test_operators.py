@@ -419,3 +419,14 @@ def test_operators_on_cuda_match_cpu(kind):
     assert _rel((gpu @ V.cuda()).cpu(), cpu @ V) <= 1e-10
     if kind == "hessian":
         assert gpu.engine_used in ("forward_over_reverse", "double_backward")
+
+
+@pytest.mark.gpu
+def test_auto_engine_on_cuda_double_backward_for_few_vectors_forward_mode_for_blocks():
+    model, loss, batches, _ = _case("cnn_bn_ce_mean_uneven")
+    cpu = ls.hessian(ls.Objective(model, loss, batches))
+    gpu = ls.hessian(ls.Objective(model, loss, batches, device="cuda"))
+    for k, engine in [(1, "double_backward"), (8, "forward_over_reverse"), (2, "double_backward")]:
+        V = _randn(cpu.shape[0], k)
+        assert _rel((gpu @ V.cuda()).cpu(), cpu @ V) <= 1e-10
+        assert gpu.engine_used == engine
