@@ -29,6 +29,7 @@ st.markdown(
 | **Experiments** | run directories of `python -m experiments run`: mean ± std over seeds per method, training curves, reliability diagrams | experiments runner |
 | **Curvature monitor** | λ_max of the training-loss Hessian during full-batch gradient descent against the stability threshold 2/lr | edge of stability (Cohen et al. 2021) |
 | **Paths between minima** | loss along the straight line and a trained Bézier curve between two networks, with the barrier heights | Garipov et al. 2018; Frankle et al. 2020; Entezari et al. 2022 |
+| **Flatness study** | Kendall τ-b (bootstrap interval) and granulated Ψ of each sharpness measure against the gap, test or OOD error over a population of models; measure-vs-target scatter panels | Jiang et al. 2020; `experiments.study` |
 
 The same analysis from Python:
 """

@@ -1,0 +1,214 @@
+"""Flatness study page logic: load a population of models written by ``python -m experiments.study``,
+correlate each sharpness measure with a generalisation target through the study module's own
+functions (:func:`experiments.study.correlate`: Kendall tau-b with a percentile bootstrap interval
+and the granulated tau Psi of Jiang et al. 2020, Sec. 4, eqs. 3-4) and draw measure-vs-target
+scatter panels. Plain functions returning DataFrames, dicts and Plotly figures."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dashboard import UserInputError
+from dashboard.layout import grid_shape
+from experiments.study import AXES, correlate
+from experiments.study.report import collect_rows
+
+__all__ = [
+    "DEFAULT_DIR",
+    "TARGET_LABELS",
+    "axes_of",
+    "correlation_table",
+    "load_population",
+    "measures_of",
+    "records",
+    "scatter_figure",
+    "summary_text",
+    "targets_of",
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the committed example study (``study_digits_population.csv`` and ``study_digits.json``)
+DEFAULT_DIR = ROOT / "docs" / "figures"
+
+#: the generalisation targets the page offers, in this order, when the table holds them
+TARGET_LABELS: dict[str, str] = {
+    "gap_error": "gap error",
+    "test_error": "test error",
+    "ood_error": "OOD error",
+}
+
+#: per-model columns that are neither a hyperparameter axis nor a sharpness measure
+_NOT_MEASURES = {
+    "id",
+    "train_error",
+    "train_loss",
+    "test_error",
+    "test_loss",
+    "gap_error",
+    "gap_loss",
+    "ood_error",
+    "ood_loss",
+    "final_epoch_loss",
+    "seconds",
+}
+
+
+def _resolve(path: str | Path) -> Path:
+    p = Path(str(path).strip() or DEFAULT_DIR).expanduser()
+    if not p.is_absolute() and not p.exists() and (ROOT / p).exists():
+        p = ROOT / p
+    return p
+
+
+def load_population(path: str | Path = DEFAULT_DIR) -> tuple[pd.DataFrame, list[str] | None]:
+    """The per-model table of a study and its measure names (``None`` when no config says them).
+
+    ``path`` is a study directory (``population.csv`` from ``report``, or ``study_config.json`` and
+    ``models/*.json`` from ``run``), a directory holding one ``*_population.csv`` (the committed
+    example in ``docs/figures``) or a population CSV file."""
+    p = _resolve(path)
+    if not p.exists():
+        raise UserInputError(
+            f"{p} does not exist; give a directory written by `python -m experiments.study run CONFIG "
+            f"--out DIR` (then `report DIR`), or leave the box empty for the example in {DEFAULT_DIR}"
+        )
+    measures = None
+    if p.is_file():
+        csv_path = p
+    elif (p / "population.csv").is_file():
+        csv_path = p / "population.csv"
+    elif (p / "study_config.json").is_file():
+        rows, cfg = collect_rows(p)
+        return pd.DataFrame(rows), [m["name"] for m in cfg["measures"]]
+    else:
+        found = sorted(p.glob("*_population.csv"))
+        if len(found) != 1:
+            raise UserInputError(
+                f"{p} holds no population.csv, study_config.json or single *_population.csv; run "
+                f"`python -m experiments.study run CONFIG --out {p}` and `report {p}` first"
+            )
+        csv_path = found[0]
+    if csv_path.suffix.lower() != ".csv":
+        raise UserInputError(f"{csv_path} is not a CSV file; give the study directory or its population CSV")
+    df = pd.read_csv(csv_path)
+    if df.empty:
+        raise UserInputError(f"{csv_path} holds no models")
+    stem = csv_path.name.removesuffix("population.csv").rstrip("_")
+    docs = [csv_path.with_name("correlation.json")] + ([csv_path.with_name(f"{stem}.json")] if stem else [])
+    for doc_path in docs:
+        if doc_path.is_file():
+            doc = json.loads(doc_path.read_text())
+            if isinstance(doc, dict) and "study" in doc:
+                measures = [m["name"] for m in doc["study"]["measures"]]
+                break
+    return df, measures
+
+
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows as plain Python values (NaN/empty cells become ``None``), as the study module takes them."""
+    return json.loads(df.to_json(orient="records"))
+
+
+def targets_of(df: pd.DataFrame) -> list[str]:
+    """The targets of :data:`TARGET_LABELS` the table has a column for."""
+    return [t for t in TARGET_LABELS if t in df.columns]
+
+
+def measures_of(df: pd.DataFrame, named: list[str] | None = None) -> list[str]:
+    """The numeric measure columns: the configured names when given, else every numeric column that is
+    not an axis, an error, a loss or a timing."""
+    if named is not None:
+        return [m for m in named if m in df.columns]
+    skip = _NOT_MEASURES | set(AXES)
+    return [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])]
+
+
+def axes_of(df: pd.DataFrame) -> list[str]:
+    """The hyperparameter axes that vary over the population (the rule of ``write_report``)."""
+    rows = records(df)
+    return [a for a in AXES if a in df.columns and len({repr(r[a]) for r in rows}) > 1]
+
+
+def correlation_table(
+    df: pd.DataFrame,
+    measures: list[str],
+    target: str,
+    *,
+    samples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """One row per measure: models used, Kendall tau-b, its bootstrap interval and the granulated Psi,
+    all from :func:`experiments.study.correlate`."""
+    if target not in df.columns:
+        raise UserInputError(f"the table has no column {target!r}; pick one of {targets_of(df)}")
+    entries = correlate(records(df), measures, [target], axes_of(df), samples=samples, level=level, seed=seed)
+    cols = ["measure", "n", "tau", "low", "high", "Psi", "level", "samples", "seed"]
+    return pd.DataFrame([{k: e[k] for k in cols} for e in entries], columns=cols)
+
+
+def scatter_figure(df: pd.DataFrame, measures: list[str], target: str, table: pd.DataFrame) -> go.Figure:
+    """One panel per measure against ``target`` (models where both are finite; log x when all values
+    are positive); tau-b and its interval from ``table`` in each title; at most three panels a row."""
+    if not measures:
+        raise UserInputError("select at least one measure to plot")
+    by = table.set_index("measure")
+    rows, cols = grid_shape(len(measures))
+    titles = []
+    for m in measures:
+        e = by.loc[m]
+        tau = "n/a" if math.isnan(e["tau"]) else f"{e['tau']:+.2f} [{e['low']:+.2f}, {e['high']:+.2f}]"
+        titles.append(f"{m}<br>τ = {tau}")
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, vertical_spacing=0.3 / rows + 0.05)
+    label = TARGET_LABELS.get(target, target)
+    for i, m in enumerate(measures):
+        r, c = divmod(i, cols)
+        sub = df[[m, target] + [k for k in ("id", "optimizer") if k in df.columns]].dropna(subset=[m, target])
+        sub = sub[sub[m].map(math.isfinite) & sub[target].map(math.isfinite)]
+        fig.add_trace(
+            go.Scatter(
+                x=sub[m].to_numpy(float),
+                y=sub[target].to_numpy(float),
+                mode="markers",
+                name=m,
+                text=sub["id"] if "id" in sub else None,
+                hovertemplate=f"%{{text}}<br>{m} = %{{x:.4g}}<br>{label} = %{{y:.4g}}<extra></extra>",
+                showlegend=False,
+            ),
+            row=r + 1,
+            col=c + 1,
+        )
+        log = len(sub) > 0 and bool((sub[m] > 0).all())
+        fig.update_xaxes(title_text=m, type="log" if log else "linear", row=r + 1, col=c + 1)
+        fig.update_yaxes(title_text=label, row=r + 1, col=c + 1)
+    fig.update_layout(height=320 * rows + 60, margin=dict(t=80))
+    return fig
+
+
+def summary_text(table: pd.DataFrame, target: str, n_models: int) -> str:
+    """What the table shows: models, bootstrap setting, and which intervals exclude zero."""
+    if table.empty:
+        return f"{n_models} models; no measure selected."
+    first = table.iloc[0]
+    label = TARGET_LABELS.get(target, target)
+    head = (
+        f"{n_models} models; Kendall τ-b of each measure against {label} over the models where both are "
+        f"finite, with {first['level']:.0%} percentile bootstrap intervals ({int(first['samples'])} "
+        f"resamples, seed {int(first['seed'])}); Ψ is the granulated τ (mean over the varying "
+        "hyperparameter axes)."
+    )
+    pos = table[table["low"] > 0]["measure"].tolist()
+    neg = table[table["high"] < 0]["measure"].tolist()
+    parts = [head]
+    parts.append(f"Interval above 0: {', '.join(pos)}." if pos else "No interval lies above 0.")
+    parts.append(f"Interval below 0: {', '.join(neg)}." if neg else "No interval lies below 0.")
+    rest = len(table) - len(pos) - len(neg)
+    parts.append(f"{rest} of {len(table)} intervals contain 0.")
+    return " ".join(parts)

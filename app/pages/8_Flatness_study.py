@@ -1,0 +1,55 @@
+"""Flatness study: does a sharpness measure rank models by their generalisation (Kendall tau)?"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # experiments.study when run from elsewhere
+
+import streamlit as st  # noqa: E402
+from dashboard import page_header, readable_errors  # noqa: E402
+from dashboard import study_view as sv  # noqa: E402
+from dashboard.widgets import show_figure, show_table  # noqa: E402
+
+page_header(
+    "Flatness study",
+    "A population of models written by `python -m experiments.study run CONFIG --out DIR` (and "
+    "`report DIR`): each sharpness measure against a generalisation target, with Kendall's τ-b, its "
+    "bootstrap interval and the granulated Ψ of Jiang et al. 2020, computed by "
+    "`experiments.study.correlate`.",
+)
+
+with st.sidebar:
+    where = st.text_input(
+        "study directory or population CSV (empty: the committed example)",
+        value=str(sv.DEFAULT_DIR.relative_to(sv.ROOT)),
+        key="study_dir",
+    )
+    samples = st.select_slider("bootstrap resamples", [200, 1000, 2000], value=1000, key="study_samples")
+
+data = None
+with readable_errors("load the study"):
+    data = sv.load_population(where)
+
+if data is not None:
+    df, named = data
+    targets = sv.targets_of(df)
+    measures = sv.measures_of(df, named)
+    if not targets or not measures:
+        st.error(f"The table has no target column ({', '.join(sv.TARGET_LABELS)}) or no measure column.")
+    else:
+        target = st.selectbox(
+            "target", targets, format_func=lambda t: sv.TARGET_LABELS[t], key="study_target"
+        )
+        with readable_errors("correlate the measures"):
+            table = sv.correlation_table(df, measures, target, samples=samples)
+            st.markdown(sv.summary_text(table, target, len(df)))
+            show_table(table.to_dict("records"), f"study_correlation_{target}", key="study_table")
+            chosen = st.multiselect("measures to plot", measures, default=measures[:4], key="study_measures")
+            if chosen:
+                fig = sv.scatter_figure(df, chosen, target, table)
+                show_figure(fig, f"study_scatter_{target}", key="study_fig")
+            else:
+                st.info("Select at least one measure to plot.")
