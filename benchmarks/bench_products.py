@@ -153,7 +153,32 @@ def _setup(args, name: str) -> tuple[Problem, torch.Tensor, Any]:
 
 
 def _selected(args) -> list[str]:
-    return [m for m in METHODS if args.compile or "compiled" not in m]
+    chosen = [m for m in METHODS if args.compile or "compiled" not in m]
+    if args.methods:
+        keys = [k.strip() for k in args.methods.split(",") if k.strip()]
+        chosen = [m for m in chosen if m == "gradient" or any(k in m for k in keys)]
+    return chosen
+
+
+def _cuda_memory_inprocess(args, pr: Problem, v: torch.Tensor, obj, method: str) -> dict[str, Any]:
+    """``torch.cuda.max_memory_allocated`` over building ``method`` and two products, minus the
+    allocation before (exact for the caching allocator; nothing else of the run is alive then)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out: dict[str, Any] = {"how": "torch.cuda.max_memory_allocated - allocated before (same process)"}
+    try:
+        product, info = METHODS[method][2](pr, v, obj)
+        product()
+        product()
+        torch.cuda.synchronize()
+        del product, info
+    except Exception as err:  # noqa: BLE001
+        out["error"] = _short(err)
+    out["peak_cuda_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    return out
 
 
 # ------------------------------------------------------------------------------------ memory
@@ -300,12 +325,15 @@ def bench_model(args, name: str) -> tuple[list[dict], dict]:
             continue
         a, b = results[m].to(torch.float64), results[ref].to(torch.float64)
         row["rel_err"] = float((a - b).norm() / b.norm()) if float(b.norm()) > 0 else float((a - b).norm())
+    inprocess = args.memory and torch.device(args.device).type == "cuda" and args.cuda_memory == "inprocess"
+    if inprocess:
+        fns.clear()  # free every built operator before measuring one at a time
     if args.memory:
         for m, row in rows.items():
             if "compiled" in m:
                 row["mem_note"] = "not measured (compile in a child process)"
                 continue
-            mem = _memory(args, name, m)
+            mem = _cuda_memory_inprocess(args, pr, v, obj, m) if inprocess else _memory(args, name, m)
             row["peak_mb"] = mem.get("peak_rss_mb")
             if "peak_cuda_mb" in mem:
                 row["peak_cuda_mb"] = mem["peak_cuda_mb"]
@@ -362,6 +390,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory processes")
     ap.add_argument("--no-spectra", dest="spectra", action="store_false", help="skip eigenvalues/trace")
     ap.add_argument("--memory-timeout", type=float, default=1800.0)
+    ap.add_argument(
+        "--cuda-memory",
+        choices=["process", "inprocess"],
+        default="inprocess",
+        help="on CUDA: max_memory_allocated in this process (default) or child processes",
+    )
+    ap.add_argument("--methods", default=None, help="comma-separated substrings selecting methods")
     ap.add_argument(
         "--eig1", type=int, default=None, help="matvec budget for the top eigenvalue (20; quick 10)"
     )
