@@ -66,6 +66,7 @@ def test_confidence_intervals_cover(method, spectrum, repeats):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 200 dense 1000 x 1000 estimates: ~3 min idle, far longer on a loaded machine
 @pytest.mark.parametrize("method", ["hutchinson", "hutchpp", "xtrace", "auto"])
 @pytest.mark.parametrize("spectrum", ["flat", "power"])
 def test_confidence_intervals_cover_200_repeats(method, spectrum):
