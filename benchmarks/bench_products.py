@@ -19,13 +19,20 @@ median of the rounds is reported, and its ratio to the median of one plain gradi
 time of the compiled operators is excluded and reported separately.
 
 Memory: each method runs in its own process (``--one METHOD``): after the model, the data and the
-probe are set up, free heap is returned to the OS (``malloc_trim``) and the peak RSS is reset
-(``/proc/self/clear_refs``); the peak (``VmHWM``) minus the RSS at that moment covers building the
-method's operator and two products.  Where ``clear_refs`` is not writable it is ``ru_maxrss`` minus
-the RSS after setup.  On CUDA also ``torch.cuda.max_memory_allocated`` minus the allocation after setup.
+probe are set up and the method's library is imported and torch's autograd / ``torch.func``
+machinery has run once on a toy (one-time initialisation is not the method's memory), free heap
+is returned to the OS (``malloc_trim``) and the peak RSS is reset (``/proc/self/clear_refs``);
+the peak (``VmHWM``) minus the RSS at that moment covers building the method's operator and two
+products.  Where ``clear_refs`` is not writable it is ``ru_maxrss`` minus the RSS after setup.
+
+On CUDA the peak is ``torch.cuda.max_memory_allocated`` over building the method and two products,
+in this process (``--cuda-memory process`` for child processes).  On a machine shared with other
+jobs use ``--threads 1``: with more threads than free cores, torch's thread pool waits on
+descheduled workers and timings degrade by an order of magnitude, unevenly across methods.
 
     python benchmarks/bench_products.py [--quick] [--models resnet20,mlp] [--device cpu|cuda]
-        [--dtype float32|float64] [--repeats 5] [--no-compile] [--no-memory] [--no-spectra]
+        [--dtype float32|float64] [--repeats 5] [--threads 1] [--no-compile] [--no-memory]
+        [--no-spectra] [--methods ggn,gradient] [--batch-size 32]
 """
 
 from __future__ import annotations
