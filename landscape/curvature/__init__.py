@@ -14,6 +14,7 @@
 """
 
 from landscape.curvature.base import CurvatureOperator
+from landscape.curvature.compiled import CompiledOperator, compile_operator
 from landscape.curvature.density import DensityResult, spectral_density
 from landscape.curvature.eigen import EigenResult, eigenvalues, power_iteration
 from landscape.curvature.engines import ENGINES, HVPEngine
@@ -24,6 +25,8 @@ from landscape.curvature.monitor import CurvatureMonitor, MonitorResult, stabili
 from landscape.curvature.trace import DiagonalResult, TraceResult, diagonal, trace
 
 __all__ = [
+    "CompiledOperator",
+    "compile_operator",
     "ENGINES",
     "CurvatureMonitor",
     "CurvatureOperator",
