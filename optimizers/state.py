@@ -104,3 +104,34 @@ def check_tensor_shapes(name: str, saved: list[Any], own: list[torch.Tensor], wh
                 f"{who}.load_state_dict: {name}[{j}] has shape {got}, the parameter has "
                 f"{tuple(o.shape)}; it was saved for another model"
             )
+
+
+class GeneratorStateMixin:
+    """``state_dict``/``load_state_dict`` for optimizers that own a ``torch.Generator``.
+
+    The generator's state travels with the state dict, the dict is tagged and checked like every
+    optimizer's of the suite, and each param group must hold the keys in ``_group_keys``.
+    Put it before ``torch.optim.Optimizer`` in the bases.
+    """
+
+    _group_keys: tuple[str, ...] = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["generator"] = self.generator.get_state()
+        return tag_state_dict(sd, self, self.param_groups)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sd = check_state_dict(state_dict, self, self.param_groups, required=("state", "param_groups"))
+        name = type(self).__name__
+        for i, group in enumerate(sd["param_groups"]):
+            missing = [k for k in self._group_keys if k not in group]
+            if missing:
+                raise ValueError(
+                    f"{name}.load_state_dict: param group {i} lacks {missing}; the state dict was "
+                    f"not produced by {name}.state_dict()"
+                )
+        gen = sd.pop("generator", None)
+        super().load_state_dict(sd)
+        if gen is not None:
+            self.generator.set_state(gen)

@@ -24,7 +24,7 @@ from optimizers.posterior import (
     check_positive,
     resolve_generator,
 )
-from optimizers.state import check_state_dict, tag_state_dict
+from optimizers.state import GeneratorStateMixin
 
 __all__ = ["BayesianSAM"]
 
@@ -36,7 +36,7 @@ def _check_betas(name: str, betas: Any) -> None:
         check_range(f"{name}[{j}]", b, 0.0, 1.0, high_open=True)
 
 
-class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
+class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer):
     r"""bSAM: SAM with a learned diagonal-Gaussian posterior ``N(w, diag(1 / (N s)))``.
 
     State per parameter: mean ``w`` (the parameter), momentum ``g_m = 0``, precision ``s = s_init``.
@@ -97,6 +97,8 @@ class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
     The posterior for prediction: :meth:`posterior_std`, :meth:`sample`,
     :meth:`bayesian_model_average` (paper: 32 samples).
     """
+
+    _group_keys = ("lr", "rho", "betas", "prior_precision", "damping")
 
     def __init__(
         self,
@@ -292,22 +294,3 @@ class BayesianSAM(DiagonalGaussianPosterior, torch.optim.Optimizer):
             posterior_std_mean=float(torch.rsqrt(n * all_s).mean()),
         )
         return loss
-
-    def state_dict(self) -> dict[str, Any]:
-        sd = super().state_dict()
-        sd["generator"] = self.generator.get_state()
-        return tag_state_dict(sd, self, self.param_groups)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        sd = check_state_dict(state_dict, self, self.param_groups, required=("state", "param_groups"))
-        for i, group in enumerate(sd["param_groups"]):
-            missing = [k for k in ("lr", "rho", "betas", "prior_precision", "damping") if k not in group]
-            if missing:
-                raise ValueError(
-                    f"BayesianSAM.load_state_dict: param group {i} lacks {missing}; the state dict was "
-                    "not produced by BayesianSAM.state_dict()"
-                )
-        gen = sd.pop("generator", None)
-        super().load_state_dict(sd)
-        if gen is not None:
-            self.generator.set_state(gen)

@@ -23,7 +23,7 @@ from optimizers.posterior import (
     check_positive,
     resolve_generator,
 )
-from optimizers.state import check_state_dict, tag_state_dict
+from optimizers.state import GeneratorStateMixin
 
 __all__ = ["IVON"]
 
@@ -35,7 +35,7 @@ def _check_betas(name: str, betas: Any) -> None:
         check_range(f"{name}[{j}]", b, 0.0, 1.0, high_open=True)
 
 
-class IVON(DiagonalGaussianPosterior, torch.optim.Optimizer):
+class IVON(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer):
     r"""IVON: posterior ``q = N(m, diag(sigma^2))``, ``sigma = 1 / sqrt(lambda (h + delta))``.
 
     The model's parameters hold the mean ``m``; per parameter the optimizer keeps the gradient
@@ -86,6 +86,8 @@ class IVON(DiagonalGaussianPosterior, torch.optim.Optimizer):
     over samples of ``||theta_k - m||``), ``hess_min/hess_mean/hess_max`` (after the update),
     ``posterior_std_mean``.
     """
+
+    _group_keys = ("lr", "betas", "weight_decay", "hess_init", "clip_radius")
 
     def __init__(
         self,
@@ -247,23 +249,3 @@ class IVON(DiagonalGaussianPosterior, torch.optim.Optimizer):
         return loss
 
     # ----------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        sd = super().state_dict()
-        sd["generator"] = self.generator.get_state()
-        return tag_state_dict(sd, self, self.param_groups)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        sd = check_state_dict(state_dict, self, self.param_groups, required=("state", "param_groups"))
-        for i, group in enumerate(sd["param_groups"]):
-            missing = [
-                k for k in ("lr", "betas", "weight_decay", "hess_init", "clip_radius") if k not in group
-            ]
-            if missing:
-                raise ValueError(
-                    f"IVON.load_state_dict: param group {i} lacks {missing}; the state dict was not "
-                    "produced by IVON.state_dict()"
-                )
-        gen = sd.pop("generator", None)
-        super().load_state_dict(sd)
-        if gen is not None:
-            self.generator.set_state(gen)

@@ -21,7 +21,7 @@ from optimizers.posterior import (
     check_positive,
     resolve_generator,
 )
-from optimizers.state import check_state_dict, tag_state_dict
+from optimizers.state import GeneratorStateMixin
 
 __all__ = ["VOGN", "per_example_gradient_moments"]
 
@@ -86,7 +86,7 @@ def per_example_gradient_moments(
     return g_sum, h_sum
 
 
-class VOGN(DiagonalGaussianPosterior, torch.optim.Optimizer):
+class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer):
     r"""VOGN: mean-field Gaussian ``q = N(mu, diag(sigma^2))`` learned by natural-gradient VI.
 
     The model's parameters hold the mean ``mu``; per parameter the optimizer keeps the momentum
@@ -137,6 +137,8 @@ class VOGN(DiagonalGaussianPosterior, torch.optim.Optimizer):
     update), ``posterior_std_mean``.  Prediction: :meth:`posterior_std`, :meth:`sample`,
     :meth:`bayesian_model_average`.
     """
+
+    _group_keys = ("lr", "betas", "prior_precision", "damping")
 
     def __init__(
         self,
@@ -321,21 +323,3 @@ class VOGN(DiagonalGaussianPosterior, torch.optim.Optimizer):
         return loss
 
     # ----------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        sd = super().state_dict()
-        sd["generator"] = self.generator.get_state()
-        return tag_state_dict(sd, self, self.param_groups)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        sd = check_state_dict(state_dict, self, self.param_groups, required=("state", "param_groups"))
-        for i, group in enumerate(sd["param_groups"]):
-            missing = [k for k in ("lr", "betas", "prior_precision", "damping") if k not in group]
-            if missing:
-                raise ValueError(
-                    f"VOGN.load_state_dict: param group {i} lacks {missing}; the state dict was not "
-                    "produced by VOGN.state_dict()"
-                )
-        gen = sd.pop("generator", None)
-        super().load_state_dict(sd)
-        if gen is not None:
-            self.generator.set_state(gen)
