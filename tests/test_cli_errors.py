@@ -6,6 +6,7 @@ file); SIGTERM and Ctrl-C keep a resumable partial surface; a second writer of o
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -327,7 +328,7 @@ def test_subprocess_one_line_and_status(tmp_path, argv, status, fragment):
 
 
 def _start_surface(tmp_path: Path, state: Path, out: Path, *, sigint: bool = False):
-    argv = ["surface", "--model", "mlp", "--state-dict", str(state), "--grid", "50", "--limit", "300",
+    argv = ["surface", "--model", "mlp", "--state-dict", str(state), "--grid", str(GRID), "--limit", "300",
             "--strategy", "loop", "--dtype", "float64", "--out", str(out)]  # fmt: skip
     # a shell-started background job may ignore SIGINT; restore Python's handler for the Ctrl-C test
     code = (
@@ -342,11 +343,18 @@ def _start_surface(tmp_path: Path, state: Path, out: Path, *, sigint: bool = Fal
     )
     reader.start()
     deadline = time.monotonic() + 120
-    while b"surface (loop)" not in b"".join(chunks):  # the progress bar: the grid is being evaluated
+    while not _points_done(chunks):  # the progress bar shows part of the grid evaluated
         assert proc.poll() is None and time.monotonic() < deadline, b"".join(chunks).decode()
         time.sleep(0.05)
-    time.sleep(1.0)
     return proc, reader, chunks
+
+
+GRID = 120  # 14,400 points: several seconds of work, so the signal lands part-way on a fast machine
+
+
+def _points_done(chunks: list[bytes]) -> int:
+    counts = re.findall(rb"surface \(loop\):.*?\| *(\d+)/\d+", b"".join(chunks))
+    return int(counts[-1]) if counts else 0
 
 
 def _last_line(chunks: list[bytes]) -> str:
@@ -371,13 +379,13 @@ def test_sigterm_saves_a_partial_surface_that_resume_completes(files, tmp_path, 
     assert last.startswith("error: terminated by SIGTERM;") and "--resume" in last
     part = load_surface(out)
     done = int(part.mask.sum())
-    assert 0 < done < 2500 and f"{done} of 2500 grid points" in last
+    assert 0 < done < GRID**2 and f"{done} of {GRID**2} grid points" in last
     assert np.isnan(part.loss[~part.mask]).all() and np.isfinite(part.loss[part.mask]).all()
     assert not Path(f"{out}.lock").exists()
 
-    argv = ["surface", "--model", "mlp", "--state-dict", str(files["mlp"]), "--grid", "50", "--limit", "300",
-            "--strategy", "linear_first_layer", "--dtype", "float64", "--quiet", "--out", str(out),
-            "--resume"]  # fmt: skip
+    argv = ["surface", "--model", "mlp", "--state-dict", str(files["mlp"]), "--grid", str(GRID),
+            "--limit", "300", "--strategy", "linear_first_layer", "--dtype", "float64", "--quiet",
+            "--out", str(out), "--resume"]  # fmt: skip
     assert landscape_main(argv) == 0
     capsys.readouterr()
     full = load_surface(out)
@@ -391,10 +399,10 @@ def test_sigterm_saves_a_partial_surface_that_resume_completes(files, tmp_path, 
     model = model_factory("mlp", sizes=[64, 32, 10], seed=0).double()
     obj = Objective(model, CE, batches(x[:300].double(), y[:300], 2048))
     dirs = [D.random(obj, "filter", seed=0), D.random(obj, "filter", seed=1)]
-    sub = np.linspace(-1, 1, 50)[::7]  # every 7th grid point: rows done before SIGTERM and after
-    assert part.mask[::7, ::7].any() and not part.mask[::7, ::7].all()
+    sub = np.linspace(-1, 1, GRID)[::13]  # every 13th grid point: rows done before SIGTERM and after
+    assert part.mask[::13, ::13].any() and not part.mask[::13, ::13].all()
     ref = surface(obj, dirs, [sub, sub], strategy="linear_first_layer")
-    np.testing.assert_allclose(full.loss[::7, ::7], ref.loss, rtol=1e-10)
+    np.testing.assert_allclose(full.loss[::13, ::13], ref.loss, rtol=1e-10)
 
 
 def test_ctrl_c_exits_130_with_one_line_and_a_partial_file(files, tmp_path):
@@ -405,4 +413,4 @@ def test_ctrl_c_exits_130_with_one_line_and_a_partial_file(files, tmp_path):
     reader.join(timeout=10)
     last = _last_line(chunks)
     assert last.startswith("error: interrupted (Ctrl-C);") and "--resume" in last
-    assert 0 < load_surface(out).mask.sum() < 2500
+    assert 0 < load_surface(out).mask.sum() < GRID**2
