@@ -168,3 +168,93 @@ def test_bad_inputs():
         ls.trace(A, level=1.5)
     with pytest.raises(ValueError, match="samples"):
         ls.diagonal(A, samples=1)
+
+
+# ----------------------------------------------------------------------------- rank-deficient XTrace
+def _xtrace_brute(A, Om, tol=1e-9):
+    """XTrace by its definition (Epperly et al. 2024, Alg. 2): an SVD basis of Y_(-i) per probe."""
+
+    def loo(cols):
+        Y = A @ Om[:, cols]
+        out = []
+        for i in range(len(cols)):
+            Yi = Y[:, [k for k in range(len(cols)) if k != i]]
+            U, S, _ = torch.linalg.svd(Yi, full_matrices=False)
+            Q = U[:, S > tol * max(float(S[0]) if S.numel() else 0.0, 1e-300)]
+            w = Om[:, cols[i]]
+            r = w - Q @ (Q.T @ w)
+            out.append(float(torch.trace(Q.T @ A @ Q) + r @ A @ r))
+        return torch.tensor(out, dtype=torch.float64)
+
+    m = Om.shape[1]
+    tri = loo(list(range(m)))
+    jack = torch.stack([loo([k for k in range(m) if k != j]).mean() for j in range(m)])
+    se = math.sqrt(float((m - 1) / m * ((jack - jack.mean()) ** 2).sum()))
+    return tri, se
+
+
+def _rank3(p=50):
+    g = torch.Generator().manual_seed(0)
+    U = torch.linalg.qr(torch.randn(p, 3, generator=g, dtype=torch.float64))[0]
+    return (U * torch.tensor([3.0, 2.0, -1.0], dtype=torch.float64)) @ U.T
+
+
+@pytest.mark.parametrize(
+    "A",
+    [torch.diag(torch.tensor([3.0, 2.0, -1.0] + [0.0] * 47, dtype=torch.float64)), _rank3()],
+    ids=["diag-exact-zeros", "rotated"],
+)
+def test_xtrace_exact_on_rank_deficient_operator_with_more_probes_than_rank(A):
+    # rank 3, 20 probes: Y = A Omega is rank-deficient (R = Q^T Y singular; inverting it crashed);
+    # range(Y) = range(A), so every leave-one-out estimate is tr(A) exactly
+    exact = float(torch.trace(A))
+    r = ls.trace(A, method="xtrace", pilot=20, max_matvecs=40, rtol=1e-9, seed=1)
+    assert abs(r.value - exact) < 1e-10 and r.stderr < 1e-10 and r.converged
+    assert max(abs(s - exact) for s in r.samples) < 1e-10
+    assert r.matvecs == 20 + 3  # the basis grows by the rank only: no matvec on rounding noise
+    a = ls.trace(A, method="auto", max_matvecs=100, rtol=1e-9, seed=1)
+    assert a.method == "xtrace" and abs(a.value - exact) < 1e-10
+
+
+def test_xtrace_on_a_low_rank_model_hessian():
+    # linear regression on 3 examples: the Hessian 2/n X^T X (bias included) has rank 3 of 11
+    g = torch.Generator().manual_seed(4)
+    model = torch.nn.Linear(10, 1).double()
+    x = torch.randn(3, 10, generator=g, dtype=torch.float64)
+    y = torch.randn(3, 1, generator=g, dtype=torch.float64)
+    loss = torch.nn.functional.mse_loss
+    H = ref.dense_hessian(model, loss, [(x, y)])
+    assert int(torch.linalg.matrix_rank(H)) == 3
+    r = ls.trace(ls.Objective(model, loss, (x, y)), method="xtrace", pilot=10, max_matvecs=40, seed=0)
+    assert abs(r.value - float(torch.trace(H))) < 1e-10 and r.matvecs == 10 + 3
+
+
+@pytest.mark.parametrize(
+    "nonzero, m, seed", [(3, 4, 0), (3, 4, 10), (3, 5, 3), (3, 6, 1), (4, 5, 1), (4, 6, 28)]
+)
+def test_xtrace_leave_one_out_and_jackknife_match_the_definition(nonzero, m, seed):
+    # Rademacher probes on diag(3, 2, -1, [0.5,] 0, ...): these seeds give rank-deficient sketches in
+    # which removing some probes lowers the rank of Y_(-i) and removing others does not
+    from landscape.curvature.linop import as_linop
+    from landscape.curvature.xtrace import XTraceState
+
+    A = torch.diag(
+        torch.tensor([3.0, 2.0, -1.0, 0.5][:nonzero] + [0.0] * (20 - nonzero), dtype=torch.float64)
+    )
+    Om = torch.randint(0, 2, (20, m), generator=torch.Generator().manual_seed(seed)).double() * 2 - 1
+    Y = A @ Om
+    ranks = {int(torch.linalg.matrix_rank(Y[:, [k for k in range(m) if k != i]])) for i in range(m)}
+    assert len(ranks) == 2 and int(torch.linalg.matrix_rank(Y)) < m
+    xt = XTraceState(as_linop(A), None)
+    xt.add(Om=Om, Y=Y)
+    value, se, tri = xt.estimate()
+    tri_ref, se_ref = _xtrace_brute(A, Om)
+    assert torch.allclose(tri, tri_ref, atol=1e-10) and abs(se - se_ref) < 1e-10
+    assert abs(value - float(tri_ref.mean())) < 1e-10
+    # a full-rank sketch takes the square-R path: the same definition holds
+    B = _rank3(20) + torch.diag(torch.linspace(0.1, 1.0, 20, dtype=torch.float64))
+    xt = XTraceState(as_linop(B), None)
+    xt.add(Om=Om, Y=B @ Om)
+    value, se, tri = xt.estimate()
+    tri_ref, se_ref = _xtrace_brute(B, Om)
+    assert torch.allclose(tri, tri_ref, atol=1e-10) and abs(se - se_ref) < 1e-9

@@ -7,7 +7,7 @@
   Fisher operators;
 * ``linop``: what the spectral estimators accept (operators, dense matrices, objectives);
 * ``eigen``, ``trace``, ``density``: Lanczos eigenvalues, trace/diagonal estimators with error bars,
-  and stochastic Lanczos quadrature;
+  and stochastic Lanczos quadrature (``xtrace``: XTrace's state, rank-deficient sketches included);
 * ``output_hessian``: closed-form Hessians of common losses with respect to the network output;
 * ``monitor``: :class:`CurvatureMonitor`, lambda_max (and the preconditioned sharpness of Adam)
   during training against the edge-of-stability threshold.

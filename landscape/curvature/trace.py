@@ -38,6 +38,7 @@ import torch
 
 from landscape.checks import check_choice, check_nonnegative, check_number, check_positive, check_seed
 from landscape.curvature.linop import as_linop, blocks, make_generator, rademacher, seed_config
+from landscape.curvature.xtrace import XTraceState
 from landscape.results import Result
 
 __all__ = ["TraceResult", "DiagonalResult", "trace", "diagonal"]
@@ -135,104 +136,6 @@ class _Hutch:
             # of the skewed remainder samples, which under-covered (~86 % for 95 %) on power laws
             se = math.sqrt(2.0 * float(self.frob2.mean()) / self.samples.numel())
         return mean, se
-
-
-def _xtrace_loo(R, H, W, ZO, OY) -> torch.Tensor:
-    """Leave-one-out XTrace estimates ``tr_i`` from the small matrices of one probe set.
-
-    With ``Y = A Omega = Q R`` (``R`` square, invertible; triangular or not), ``H = Q^T A Q``,
-    ``W = Q^T Omega``, ``ZO = (A Q)^T Omega`` and ``OY_i = w_i^T A w_i``: removing probe ``i`` removes
-    the direction ``q_i = Q s_i``, ``s_i = R^{-T} e_i / ||R^{-T} e_i||``, from the basis, so
-    ``tr(P_(i) A) = tr(H) - s_i^T H s_i`` and, with ``a_i = W_i - s_i (s_i^T W_i)``,
-    ``(I - P_(i)) w_i = w_i - Q a_i`` and ``A (I - P_(i)) w_i = y_i - A Q a_i``: no further matvec.
-    Leading batch dimensions are allowed.
-    """
-    Sm = torch.linalg.inv(R).transpose(-1, -2)
-    Sm = Sm / torch.linalg.vector_norm(Sm, dim=-2, keepdim=True)
-    c = (Sm * W).sum(-2, keepdim=True)
-    a = W - Sm * c
-    trH = torch.diagonal(H, dim1=-2, dim2=-1).sum(-1, keepdim=True)
-    trP = trH - (Sm * (H @ Sm)).sum(-2)
-    quad = OY - (ZO * a).sum(-2) - (R * a).sum(-2) + (a * (H @ a)).sum(-2)
-    return trP + quad
-
-
-class _XTrace:
-    """Incremental XTrace state: probes, their products and an orthonormal basis of the products."""
-
-    def __init__(self, A, gen):
-        self.A, self.gen = A, gen
-        p, dev = A.p, A.device
-        self.Om = torch.zeros(p, 0, dtype=torch.float64, device=dev)
-        self.Y = torch.zeros_like(self.Om)
-        self.Q = torch.zeros_like(self.Om)
-        self.Z = torch.zeros_like(self.Om)
-
-    @property
-    def m(self) -> int:
-        return self.Om.shape[1]
-
-    def add(self, n: int = 0, Om: torch.Tensor | None = None, Y: torch.Tensor | None = None) -> None:
-        if Om is None:
-            Om = rademacher(self.A.p, n, self.gen, self.A.device)
-            Y = self.A.matmat(Om)
-        # extend the orthonormal basis by CGS2 (leading columns unchanged, so A Q is re-used)
-        W = Y
-        for _ in range(2):
-            W = W - self.Q @ (self.Q.T @ W)
-        Qn, _ = torch.linalg.qr(W)
-        Qn = Qn - self.Q @ (self.Q.T @ Qn)
-        Qn, _ = torch.linalg.qr(Qn)
-        Z = self.A.matmat(Qn)
-        self.Om = torch.cat([self.Om, Om], 1)
-        self.Y = torch.cat([self.Y, Y], 1)
-        self.Q = torch.cat([self.Q, Qn], 1)
-        self.Z = torch.cat([self.Z, Z], 1)
-
-    def estimate(self, jackknife: bool = True) -> tuple[float, float, torch.Tensor]:
-        """XTrace value, its jackknife standard error and the ``m`` leave-one-out estimates.
-
-        The standard error is the delete-one jackknife over *probes* (Efron & Stein 1981): for each
-        ``j`` the XTrace estimate from the other ``m - 1`` probes is recomputed inside ``range(Q)``
-        (no matvec: the basis of ``Y_(-j)`` is ``Q B_j`` with ``B_j`` an orthonormal basis of
-        ``s_j^perp``), and ``se^2 = (m - 1)/m * sum_j (T_(-j) - mean T_(-j))^2``.  We use it rather
-        than the cheaper ``std(tr_i)/sqrt(m)`` of Epperly et al. (eq. 2.6), which ignores the
-        correlation of the ``tr_i`` and under-covered in our repeated runs (~82 % for 95 %).
-        """
-        Q, Y, Z, Om = self.Q, self.Y, self.Z, self.Om
-        m = self.m
-        R = Q.T @ Y
-        H = Q.T @ Z
-        H = 0.5 * (H + H.T)
-        W = Q.T @ Om
-        ZO = Z.T @ Om
-        OY = (Om * Y).sum(0)
-        tri = _xtrace_loo(R, H, W, ZO, OY)
-        value = float(tri.mean())
-        if m < 3:
-            return value, math.inf, tri.cpu()
-        if not jackknife:  # Epperly et al. eq. (2.6): cheap, optimistic
-            return value, float(tri.std(unbiased=True)) / math.sqrt(m), tri.cpu()
-        # s_j and a Householder basis of its orthogonal complement, batched over j
-        eye = torch.eye(m, dtype=R.dtype, device=R.device)
-        Sm = torch.linalg.inv(R).T
-        Sm = Sm / torch.linalg.vector_norm(Sm, dim=0)
-        s = Sm.T  # [j, m]
-        u = s - eye[0]
-        un = torch.linalg.vector_norm(u, dim=1, keepdim=True)
-        u = torch.where(un > 1e-12, u / un.clamp_min(1e-300), torch.zeros_like(u))
-        Hh = eye - 2 * u[:, :, None] * u[:, None, :]  # [j, m, m], maps e_1 to s_j
-        B = Hh[:, :, 1:]  # [j, m, m-1]
-        others = torch.tensor([[i for i in range(m) if i != j] for j in range(m)], device=R.device)
-        Bt = B.transpose(1, 2)
-        Rj = Bt @ R.T[others].transpose(1, 2)  # [j, m-1, m-1]
-        Hj = Bt @ H @ B
-        Wj = Bt @ W.T[others].transpose(1, 2)
-        ZOj = Bt @ ZO.T[others].transpose(1, 2)
-        OYj = OY[others]
-        loo = _xtrace_loo(Rj, Hj, Wj, ZOj, OYj).mean(-1)  # [j]
-        se = math.sqrt(float((m - 1) / m * ((loo - loo.mean()) ** 2).sum()))
-        return value, se, tri.cpu()
 
 
 def _exact(A) -> tuple[float, torch.Tensor]:
@@ -356,7 +259,7 @@ def trace(
             config["pilot_stable_rank"] = srank
             if srank <= m0 / 2 and budget() >= m0:
                 chosen = "xtrace"
-                xt = _XTrace(A, gen)
+                xt = XTraceState(A, gen)
                 xt.add(Om=Om, Y=Y)
             else:
                 chosen = "hutchinson"
@@ -364,7 +267,7 @@ def trace(
                 hut.samples = (Om * Y).sum(0).cpu()
             config["chosen"] = chosen
         elif method == "xtrace":
-            xt = _XTrace(A, gen)
+            xt = XTraceState(A, gen)
             xt.add(min(pilot, max(1, budget() // 2)))
             tick()
         if chosen == "xtrace":
