@@ -1,5 +1,6 @@
 """The flatness-vs-generalisation study: Kendall tau-b against scipy, the granulated tau against a
-hand-enumerated example, the bootstrap interval, and a tiny population end to end (CLI included)."""
+hand-enumerated example, the bootstrap interval, and a tiny population end to end (CLI included;
+the members' runner runs are tested in test_study_runner.py)."""
 
 from __future__ import annotations
 
@@ -138,6 +139,7 @@ def _tiny_config(tmp_path):
             "n_train": [96],
         },
         "optimizer_options": {"bsam": {"lr_scale": 5.0}},
+        "runner": {"evaluation": {"bma_samples": 2}},
         "measures": measures,
     }
     path = tmp_path / "tiny.toml"
@@ -171,8 +173,15 @@ def test_tiny_population_end_to_end(tmp_path, capsys):
     expected = scipy.stats.kendalltau(xs, ys).statistic
     assert e["tau"] == pytest.approx(expected, abs=1e-12) or (math.isnan(e["tau"]) and math.isnan(expected))
     assert (out / "study.png").stat().st_size > 1000 and (out / "correlation.md").is_file()
-    # resumable: a second run trains nothing and reports each model as skipped
+    # every member is a run of the experiment runner; --dry-run lists their directories
     capsys.readouterr()
+    assert main(["run", str(path), "--out", str(out), "--dry-run"]) == 0
+    dirs = [line for line in capsys.readouterr().out.split() if "/runs/" in line]
+    assert len(dirs) == 4 and {d.split("/")[-2] for d in dirs} == {"sgd", "sam", "asam", "bsam"}
+    for r in rows:
+        doc = json.loads((out / "models" / f"{r['id']}.json").read_text())
+        assert str(out / doc["run_dir"]) in dirs and (out / doc["run_dir"] / "results.json").is_file()
+    # resumable: a second run trains nothing and reports each model as skipped
     assert main(["run", str(path), "--out", str(out), "--no-progress", "--no-report"]) == 0
     assert capsys.readouterr().out.count("skipped") == 4
 

@@ -6,21 +6,19 @@ rank correlation of each measure with the generalisation gap (Jiang et al. 2020)
     python -m experiments.study run configs/study_digits.toml --out runs/study_digits
     python -m experiments.study report runs/study_digits --figure docs/figures/study_digits.png
 
-* :mod:`experiments.study.population`: the config, the sampled hyperparameter points, training
-  and measuring one model, the resumable population;
+* :mod:`experiments.study.config`: the study config and the sampled hyperparameter points;
+* :mod:`experiments.study.members`: each point as a run of the experiment runner
+  (:mod:`experiments.runner`: resumable run directory, config, environment, logs, checkpoint);
+* :mod:`experiments.study.measure`: errors, gaps and sharpness measures of a trained member;
+* :mod:`experiments.study.population`: the resumable population;
 * :mod:`experiments.study.correlation`: Kendall tau-b, bootstrap intervals, granulated tau;
 * :mod:`experiments.study.report`: the per-model table, the correlation table and the figure.
 """
 
+from experiments.study.config import AXES, load_study_config, plan_population, resolve_study_config
 from experiments.study.correlation import bootstrap_tau, correlate, granulated_tau, kendall_tau_b
-from experiments.study.population import (
-    AXES,
-    load_study_config,
-    plan_population,
-    resolve_study_config,
-    run_population,
-    train_and_measure,
-)
+from experiments.study.members import load_member, member_run, runner_config
+from experiments.study.population import member_runs, run_population, train_and_measure
 from experiments.study.report import write_report
 
 __all__ = [
@@ -29,10 +27,14 @@ __all__ = [
     "correlate",
     "granulated_tau",
     "kendall_tau_b",
+    "load_member",
     "load_study_config",
+    "member_run",
+    "member_runs",
     "plan_population",
     "resolve_study_config",
     "run_population",
+    "runner_config",
     "train_and_measure",
     "write_report",
 ]

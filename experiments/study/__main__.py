@@ -1,8 +1,9 @@
 """``python -m experiments.study run CONFIG --out DIR`` and ``python -m experiments.study report DIR``.
 
 Every failure ends in one ``error: <what> — <how to fix>`` line on stderr (``--debug`` adds the
-traceback). ``run`` is resumable: a model whose result file exists with the same configuration is
-skipped.
+traceback). Each member is a run of the experiment runner under ``DIR/runs/`` (``config.toml`` there
+repeats it with ``python -m experiments run``). ``run`` is resumable: a member whose result file
+exists with the same configuration is skipped, an interrupted member resumes from its last epoch.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ def _parser() -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser("run", help="train and measure the population of a study config (resumable)")
     run.add_argument("config", help="study TOML file, e.g. configs/study_digits.toml")
-    run.add_argument("--out", required=True, help="output directory (models/<id>.json, tables, figure)")
+    run.add_argument(
+        "--out", required=True, help="output directory (runs/, models/<id>.json, tables, figure)"
+    )
+    run.add_argument("--dry-run", action="store_true", help="list the members' run directories and stop")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="skip the correlation report at the end")
     add_debug_option(run)
@@ -35,13 +39,19 @@ def _parser() -> Parser:
 
 
 def _main(argv: list[str]) -> int:
-    from experiments.study.population import load_study_config, plan_population, run_population
+    from experiments.study.config import load_study_config
+    from experiments.study.population import member_runs, run_population
     from experiments.study.report import write_report
 
     args = _parser().parse_args(argv)
     if args.command == "run":
         cfg = load_study_config(args.config)
-        note(f"{len(plan_population(cfg))} models ({cfg['sampling']} sampling) -> {args.out}")
+        members = member_runs(cfg, args.out)
+        note(f"{len(members)} models ({cfg['sampling']} sampling) -> {args.out}")
+        if args.dry_run:
+            for _, run in members:
+                print(run.run_dir)
+            return 0
         run_population(cfg, args.out, progress=not args.no_progress, log=note)
         if not args.no_report:
             doc = write_report(args.out)

@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from experiments.study.config import AXES
 from experiments.study.correlation import correlate
-from experiments.study.population import AXES
 from landscape.io import atomic_write, atomic_write_json, atomic_write_text, read_json
 
 __all__ = ["TARGETS", "collect_rows", "format_markdown", "plot_study", "write_report", "write_table"]
