@@ -104,7 +104,7 @@ DEFAULTS: dict[str, Any] = {
         "sharpness_subset": 512,
         "sharpness_options": {},
     },
-    "distributed": {"mode": "grid", "perturbation": "global", "backend": "auto"},
+    "distributed": {"mode": "grid", "perturbation": "global", "backend": "auto", "sync_batchnorm": False},
     "sweep": {},
     "paper": {},
 }
@@ -140,8 +140,21 @@ METHOD_KEYS: dict[str, Any] = {
     "swag": {},
     "epochs": 0,
     "schedule": "",
+    "bayesian": {},
+    "mc_dropout": {},
+    "ensemble": {},
 }
 SWAG_KEYS: dict[str, Any] = {"rank": 20, "start_epoch": 0, "diag_only": False, "samples": 30, "scale": 1.0}
+#: Tables of a method, off when absent or empty (as ``swag``) and on with at least one key, the
+#: others taking these defaults (``ensemble = { members = 5 }``): Bayesian layers
+#: (``optimizers.convert_to_bayesian``: SGVB, SGVB-LRT with ``local_reparam``; the ELBO's KL
+#: weighted by ``kl_weight``), the MC-Dropout predictive with ``samples`` passes, a deep ensemble
+#: of ``members`` runs.
+METHOD_TABLES: dict[str, dict[str, Any]] = {
+    "bayesian": {"prior_std": 1.0, "init_std": 1e-3, "local_reparam": False, "kl_weight": 1.0},
+    "mc_dropout": {"samples": 30},
+    "ensemble": {"members": 5},
+}
 
 _TYPE_NAMES = {
     bool: "true or false",
@@ -280,7 +293,7 @@ def _merge(where: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) ->
             out[key] = copy.deepcopy(default)
             continue
         value = given[key]
-        if name in FREE_FORM or key in ("methods", "hyperparameters") or (key == "swag" and where):
+        if name in FREE_FORM or key in ("methods", "hyperparameters") or (key in _TABLES and where):
             out[key] = copy.deepcopy(value)
             if key != "methods":
                 _check_type(name, value, default)
@@ -293,6 +306,31 @@ def _merge(where: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) ->
         if name in CHOICES and out[key] not in CHOICES[name]:
             raise ConfigError(f"config key {name} must be one of {list(CHOICES[name])}, got {out[key]!r}")
     return out
+
+
+_TABLES = ("swag", *METHOD_TABLES)
+
+
+def _method_tables(i: int, m: dict[str, Any]) -> None:
+    """Fill the :data:`METHOD_TABLES` a method turns on with their defaults and check them."""
+    for key, defaults in METHOD_TABLES.items():
+        if m[key]:
+            m[key] = _merge(f"methods[{i}].{key}", m[key], defaults)
+    b, d, e = m["bayesian"], m["mc_dropout"], m["ensemble"]
+    if b and (b["prior_std"] <= 0 or b["init_std"] <= 0 or b["kl_weight"] < 0):
+        raise ConfigError(
+            f"methods[{i}].bayesian: prior_std and init_std must be > 0 and kl_weight >= 0, got {b}"
+        )
+    if d and d["samples"] < 1:
+        raise ConfigError(f"methods[{i}].mc_dropout.samples must be >= 1, got {d['samples']}")
+    if e and e["members"] < 1:
+        raise ConfigError(f"methods[{i}].ensemble.members must be >= 1, got {e['members']}")
+    on = [k for k in _TABLES if m[k]]
+    if len(on) > 1:
+        raise ConfigError(
+            f"methods[{i}] combines {' and '.join(on)}; a method has at most one of swag, bayesian, "
+            "mc_dropout and ensemble (use one [[methods]] entry per combination the runner supports)"
+        )
 
 
 def _check_methods(methods: Any) -> list[dict[str, Any]]:
@@ -323,6 +361,7 @@ def _check_methods(methods: Any) -> list[dict[str, Any]]:
         seen.add(m["name"])
         if m["swag"]:
             m["swag"] = _merge(f"methods[{i}].swag", m["swag"], SWAG_KEYS)
+        _method_tables(i, m)
         out.append(m)
     return out
 

@@ -14,7 +14,15 @@ import torch
 from torch import nn
 
 from experiments.data import CIFAR10C_GROUPS, RunData, _subset, corruption_limit, corruption_root
-from experiments.ensembles import bma_with_method, ensemble_probs, predict_probs, sample_contexts
+from experiments.ensembles import (
+    Members,
+    bma_with_method,
+    ensemble_probs,
+    mc_dropout_probs,
+    point_context,
+    predict_probs,
+    sample_contexts,
+)
 
 __all__ = ["evaluate_run", "predict_probs", "sharpness_measures"]
 
@@ -73,7 +81,8 @@ def _sharpness(
     dtype = next(model.parameters()).dtype
     subset = (data.x_train[idx].to(device=device, dtype=dtype), data.y_train[idx].to(device))
     obj = ls.Objective(model, nn.CrossEntropyLoss(), subset, mode="eval")
-    report = ls.sharpness_report(obj, [(m, o) for _, m, o in specs], progress=progress)
+    with point_context(model):  # Bayesian layers: the sharpness of the mean network
+        report = ls.sharpness_report(obj, [(m, o) for _, m, o in specs], progress=progress)
     rows = {}
     for (label, measure, opts), row in zip(specs, report.rows):
         rows[label] = {
@@ -162,6 +171,12 @@ def evaluate_run(
     has one) and ``sharpness_<measure>``. ``details`` holds every metric of every evaluation, the
     CIFAR-10-C table per corruption and severity and the sharpness rows. SWAG's samples and SWA
     solution get BatchNorm statistics recomputed on the training inputs.
+
+    The model average (``bma_*``) of a method with an ``mc_dropout`` table is the MC-Dropout
+    predictive with its ``samples``; of a deep ensemble (``opt`` a :class:`Members`) the members'
+    average, the point metrics being member 0's and ``details["members"]`` every member's; of a
+    model with Bayesian layers ``evaluation.bma_samples`` weight samples, its point metrics (and
+    sharpness) those of the mean network.
     """
     from optimizers import SWAG
     from optimizers.bayes.swag import has_batchnorm
@@ -199,7 +214,24 @@ def evaluate_run(
     contexts = sample_contexts(opt, model, samples=samples, scale=scale, seed=seed, device=device, bn_data=bn)
     bma_sets = {**sets, **(corr if e["corruption_bma"] else {})}
     bma: dict[str, torch.Tensor] = {}
-    if contexts:
+    dropout = cfg["methods"][0].get("mc_dropout")
+    if isinstance(opt, Members):
+        details["members"] = []
+        for seed_k, make in zip(opt.seeds, contexts or []):
+            with make():
+                probs_k = {k: predict_probs(model, get(), bs, device) for k, get in sets.items()}
+            details["members"].append({"seed": seed_k, **scored(probs_k)})
+    if dropout:
+        bma = mc_dropout_probs(
+            model,
+            bma_sets,
+            samples=dropout["samples"],
+            seed=seed,
+            batch_size=bs,
+            device=device,
+            progress=progress,
+        )
+    elif contexts:
         bma = ensemble_probs(contexts, model, bma_sets, bs, device, progress)
     elif hasattr(opt, "bayesian_model_average") and not isinstance(opt, SWAG):
         try:

@@ -14,7 +14,21 @@ error naming the accepted ones.
 
 With a ``swag`` table, the optimizer is wrapped in :class:`optimizers.SWAG`, which collects the
 weights once per epoch from ``start_epoch`` on (Maddox et al. 2019, Alg. 1); a SAM inside gives
-F-SWAG (Nguyen et al. 2023).
+F-SWAG (Nguyen et al. 2023). The other tables of a method (:data:`experiments.config.METHOD_TABLES`):
+
+* ``bayesian``: the model's ``nn.Linear`` / ``nn.Conv2d`` layers become mean-field Gaussian layers
+  (:func:`optimizers.convert_to_bayesian`); with any optimizer the loss is the negative ELBO per
+  datum (SGVB, Blundell et al. 2015; SGVB-LRT with ``local_reparam = true``, Kingma et al. 2015);
+  ``optimizer = "fsgvb"`` is F-SGVB (Nguyen et al. 2023, eqs. 6-7), which adds the KL itself and
+  gets ``kl_weight`` from this table;
+* ``mc_dropout``: the model average is the MC-Dropout predictive (Gal & Ghahramani 2016, eq. 8)
+  of a model with dropout (``model.kwargs.dropout``); ``optimizer = "sam"`` gives F-MC-Dropout;
+* ``ensemble``: ``members`` independent runs averaged (Lakshminarayanan et al. 2017), see
+  :mod:`experiments.members`; ``optimizer = "sam"`` gives F-Deep-Ensembles.
+
+An optimizer with its own closure contract (VOGN's per-example losses, FlatSGVB's Bayesian layers)
+is described by :func:`experiments.closures.contract_of`; :func:`check_run` refuses combinations
+the contract rules out, naming the fix.
 """
 
 from __future__ import annotations
@@ -30,7 +44,14 @@ from torch import nn
 import optimizers as opt_pkg
 from experiments.config import ConfigError
 
-__all__ = ["ALIASES", "available_methods", "build_optimizer", "check_method", "resolve_optimizer"]
+__all__ = [
+    "ALIASES",
+    "available_methods",
+    "build_optimizer",
+    "check_method",
+    "check_run",
+    "resolve_optimizer",
+]
 
 #: Short names of the optimizers a config may use.
 ALIASES: dict[str, str] = {
@@ -55,20 +76,33 @@ ALIASES: dict[str, str] = {
     "fsgld": "FlatSGLD",
     "flat_sgld": "FlatSGLD",
     "f_swag": "f_swag",
+    "vogn": "VOGN",
+    "fsgvb": "FlatSGVB",
+    "flat_sgvb": "FlatSGVB",
+    "f_sgvb": "FlatSGVB",
+    "sgvb": "sgvb",
+    "mc_dropout": "mc_dropout",
+    "f_mc_dropout": "f_mc_dropout",
+    "deep_ensemble": "DeepEnsemble",
+    "ensemble": "DeepEnsemble",
 }
 
 _INJECTED = ("params", "model", "num_data", "ess", "seed", "generator", "steps_per_epoch")
-#: Optimizers whose closure contract differs from "zero_grad, forward, backward, return loss".
+#: Names that are not optimizers of a method, with the way to write them in a config.
 _UNSUPPORTED = {
-    "VOGN": "its closure returns per-example losses",
-    "FlatSGVB": "it needs Bayesian layers",
-    "DeepEnsemble": "it trains several models",
+    "DeepEnsemble": 'a deep ensemble is a table of a method: optimizer = "sgd" (or "sam": F-Deep-Ensembles) '
+    "with ensemble = { members = 5 }",
     "SWAG": "use a swag table on a method instead",
+    "sgvb": 'SGVB is any optimizer with a bayesian table: optimizer = "adam" with bayesian = '
+    "{ kl_weight = 1.0 } (keys prior_std, init_std, local_reparam, kl_weight); F-SGVB is "
+    'optimizer = "fsgvb"',
+    "mc_dropout": 'MC-Dropout is a table of a method: optimizer = "sgd" (or "sam": F-MC-Dropout) with '
+    "mc_dropout = { samples = 30 } and a model with dropout (model.kwargs.dropout = 0.1)",
 }
 
 
 def available_methods() -> list[str]:
-    return sorted(ALIASES)
+    return sorted(k for k, v in ALIASES.items() if v not in _UNSUPPORTED)
 
 
 def resolve_optimizer(name: str) -> Callable[..., Any]:
@@ -144,9 +178,16 @@ def _in_steps(key: str, value: Any, steps_per_epoch: int, scale: float) -> Any:
 def check_method(method: dict[str, Any]) -> tuple[Callable[..., Any], set[str], bool]:
     """Resolve ``method["optimizer"]`` and check its hyperparameter names; returns ``(constructor,
     accepted names, accepts anything)``. Raises :class:`ConfigError`."""
+    from experiments.closures import contract_of
+
     fn = resolve_optimizer(method["optimizer"])
     hyper = dict(method["hyperparameters"])
     accepted, anything = _accepted(fn, hyper)
+    if contract_of(fn).adds_kl and "kl_weight" in hyper:
+        raise ConfigError(
+            f"method {method['name']!r}: set the KL weight of {method['optimizer']!r} in the method's "
+            f"bayesian table (bayesian = {{ kl_weight = {hyper['kl_weight']!r} }}), not in hyperparameters"
+        )
     bad = [k for k in hyper if k in _INJECTED or (not anything and k not in accepted)]
     if bad:
         shown = sorted(accepted - set(_INJECTED))
@@ -155,6 +196,50 @@ def check_method(method: dict[str, Any]) -> tuple[Callable[..., Any], set[str], 
             f"{shown} (model, num_data and seed are filled in by the runner)"
         )
     return fn, accepted, anything
+
+
+def _own_posterior(fn: Any) -> bool:
+    """Whether the optimizer learns a posterior of its own (a Gaussian, SWAG, F-SGLD's samples)."""
+    from optimizers import SWAG, FlatSGLD
+    from optimizers.posterior import DiagonalGaussianPosterior
+
+    return isinstance(fn, type) and issubclass(fn, (DiagonalGaussianPosterior, FlatSGLD, SWAG))
+
+
+def check_run(cfg: dict[str, Any]) -> Any:
+    """Check the method of a one-method config against its optimizer's closure contract and the
+    run's settings; returns the :class:`experiments.closures.Contract`. Raises :class:`ConfigError`
+    naming the problem and the fix (checks that need the model or the process group are in the
+    trainer)."""
+    from experiments.closures import contract_of
+
+    method = cfg["methods"][0]
+    fn, _, _ = check_method(method)
+    contract = contract_of(fn)
+    who = f"method {method['name']!r} ({method['optimizer']})"
+    if contract.closure == "per_example_losses" and cfg["precision"] == "fp16":
+        raise ConfigError(
+            f"{who} differentiates per-example losses inside its step, so fp16 loss scaling cannot be "
+            'applied; use precision = "bf16", "float32" or "float64"'
+        )
+    if contract.needs_bayesian_layers and not method["bayesian"]:
+        raise ConfigError(
+            f"{who} trains Bayesian layers: add a bayesian table to the method, e.g. bayesian = "
+            "{ kl_weight = 1.0 } (the other keys default to prior_std = 1.0, init_std = 0.001, "
+            "local_reparam = false)"
+        )
+    for table in ("bayesian", "mc_dropout"):
+        if method[table] and _own_posterior(fn):
+            raise ConfigError(
+                f"{who} learns a posterior of its own, which the {table} table would replace; drop the "
+                f'{table} table, or use a point optimizer (optimizer = "sgd", "adam", "sam")'
+            )
+    if method["ensemble"] and _own_posterior(fn):
+        raise ConfigError(
+            f"{who}: an ensemble of posterior methods (e.g. MultiSWAG) is not supported; the members "
+            'of an ensemble are trained with a point optimizer (optimizer = "sgd", "adam", "sam")'
+        )
+    return contract
 
 
 def build_optimizer(
@@ -197,8 +282,13 @@ def build_optimizer(
         extra["seed"] = int(seed)
     if "steps_per_epoch" in accepted:
         extra["steps_per_epoch"] = int(steps_per_epoch)
+    if method["bayesian"] and "kl_weight" in accepted:
+        extra["kl_weight"] = float(method["bayesian"]["kl_weight"])
+    # FlatSGVB-like constructors take the model itself first, the others its parameters
+    first = next(iter(inspect.signature(fn).parameters), None)
+    target = extra.pop("model", model) if first == "model" else model.parameters()
     try:
-        opt = fn(model.parameters(), **kwargs, **extra)
+        opt = fn(target, **kwargs, **extra)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"method {method['name']!r} ({method['optimizer']}): {exc}") from None
     if method["swag"]:
@@ -213,6 +303,13 @@ def build_optimizer(
         )
     used = {k: (v.__name__ if isinstance(v, type) else v) for k, v in kwargs.items()}
     used.update({k: v for k, v in extra.items() if k != "model"})
+    # fail here rather than at the first step: the runner builds closures from the contract
+    inner = inner_optimizer(opt)
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise ConfigError(
+            f"method {method['name']!r}: {method['optimizer']!r} built a {type(inner).__name__}, not a "
+            "torch.optim.Optimizer; name an optimizer (sgd, sam, bsam, vogn, fsgvb, ...)"
+        )
     return opt, used
 
 

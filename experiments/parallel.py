@@ -17,7 +17,14 @@ on the global batch up to the order of floating-point summation. For the SAM fam
   ranks); the descent gradients at the ranks' perturbed points are all-reduced. With equal slices
   this is single-process SAM with ``m = W``.
 
-BatchNorm statistics are per rank (not synchronised). Rank 0 writes checkpoints and results.
+BatchNorm: by default (``distributed.sync_batchnorm = false``) each rank normalises with the
+statistics of its own slice and keeps its own running statistics (rank 0's are checkpointed), so a
+model with BatchNorm does not train exactly as one process on the global batch would. With
+``sync_batchnorm = true`` every BatchNorm layer uses the statistics of the global batch
+(:mod:`experiments.sync_batchnorm`, on CPU/gloo as well as CUDA/NCCL; ``torch.nn.SyncBatchNorm``
+supports no CPU tensors), which makes the step equal the single-process one again; it cannot be
+combined with ``perturbation = "local"`` (per-device perturbations need per-device statistics).
+Rank 0 writes checkpoints and results.
 """
 
 from __future__ import annotations
@@ -79,6 +86,13 @@ class DistContext:
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
+
+    @torch.no_grad()
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """``sum_r t_r`` over the ranks, as a new tensor on ``t``'s device (``t`` is unchanged)."""
+        buf = self._comm(t.detach().clone())
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        return buf.to(t.device)
 
     @torch.no_grad()
     def reduce_value(self, value: torch.Tensor, weight: float) -> torch.Tensor:

@@ -6,7 +6,8 @@ Each run has a directory ``<out_dir>/<name>/[<variant>/]<method>/seed<k>/`` hold
   applied; ``python -m experiments run <dir>/config.toml`` repeats exactly this run),
 * ``environment.json``: Python / torch / numpy versions, device, seed, git commit, host name,
 * ``noisy_labels.npz`` (with label noise): the clean and noisy training labels,
-* ``checkpoint.pt``, ``log.jsonl``, ``log.csv`` (and ``tensorboard/``) while and after training,
+* ``checkpoint.pt``, ``log.jsonl``, ``log.csv`` (and ``tensorboard/``) while and after training
+  (a deep ensemble keeps them per member, in ``member<k>/``: :mod:`experiments.members`),
 * ``metrics.json`` (the flat row of the results table) and ``results.json`` (a :class:`RunResult`:
   every metric, the CIFAR-10-C table, the sharpness rows, the history, the environment).
 
@@ -40,7 +41,7 @@ from experiments.toml_writer import dumps
 from landscape.io import atomic_write_json, atomic_write_text, read_json
 from landscape.results import Result
 
-__all__ = ["Run", "RunResult", "environment", "plan_runs", "run_one", "validate"]
+__all__ = ["Run", "RunResult", "environment", "plan_runs", "run_one", "semantic_config", "validate"]
 
 _NOT_SEMANTIC = ("progress", "out_dir", "device", "threads", "paper", "name")
 _EVAL_ONLY = ("evaluation",)
@@ -111,11 +112,11 @@ def validate(runs: list[Run]) -> None:
     exist (raises :class:`experiments.config.ConfigError` naming the problem)."""
     from experiments.config import ConfigError
     from experiments.evaluate import sharpness_measures
-    from experiments.methods import check_method
+    from experiments.methods import check_run
     from landscape.models import available_models
 
     for run in runs:
-        check_method(run.cfg["methods"][0])
+        check_run(run.cfg)
         name = run.cfg["model"]["name"]
         if name not in available_models():
             raise ConfigError(
@@ -135,9 +136,32 @@ def validate(runs: list[Run]) -> None:
             )
 
 
+#: Keys added after run directories were first fingerprinted: left out of the hash while at their
+#: default, so the runs of older configurations keep their fingerprints (and are not redone).
+_LATER_METHOD_KEYS = ("bayesian", "mc_dropout", "ensemble")
+_LATER_KEYS = {"distributed": {"sync_batchnorm": False}}
+
+
+def semantic_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` without the keys of :data:`_LATER_KEYS` / :data:`_LATER_METHOD_KEYS` at their defaults
+    (the form that is hashed)."""
+    out = dict(cfg)
+    for table, defaults in _LATER_KEYS.items():
+        if isinstance(out.get(table), dict):
+            out[table] = {k: v for k, v in out[table].items() if not (k in defaults and v == defaults[k])}
+    if isinstance(out.get("methods"), list):
+        out["methods"] = [
+            {k: v for k, v in m.items() if not (k in _LATER_METHOD_KEYS and v == {})}
+            if isinstance(m, dict)
+            else m
+            for m in out["methods"]
+        ]
+    return out
+
+
 def fingerprint(cfg: dict[str, Any], *, training_only: bool) -> str:
     skip = _NOT_SEMANTIC + (_EVAL_ONLY if training_only else ())
-    keep = {k: v for k, v in cfg.items() if k not in skip}
+    keep = {k: v for k, v in semantic_config(cfg).items() if k not in skip}
     text = json.dumps(keep, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -214,17 +238,21 @@ def completed(run: Run) -> dict[str, Any] | None:
 def run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool = False) -> dict[str, Any]:
     """Train (or resume) and evaluate one run; returns its metrics row."""
     from experiments.evaluate import evaluate_run
+    from experiments.members import EnsembleTrainer, member_dirs
     from experiments.train import Trainer
 
     done = completed(run)
     if done is not None:
         return done
     t0 = time.perf_counter()
-    check_checkpoint(run.run_dir / "checkpoint.pt", fingerprint(run.cfg, training_only=True))
+    ensemble = run.cfg["methods"][0]["ensemble"]
+    dirs = member_dirs(run.run_dir, ensemble["members"]) if ensemble else [run.run_dir]
+    for d in dirs:
+        check_checkpoint(d / "checkpoint.pt", fingerprint(run.cfg, training_only=True))
     if ctx.is_main:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.run_dir / "config.toml", dumps(run.cfg))
-    trainer = Trainer(
+    trainer = (EnsembleTrainer if ensemble else Trainer)(
         run.cfg,
         run.run_dir,
         seed=run.seed,

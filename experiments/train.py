@@ -3,10 +3,15 @@ optimizer of the suite, mixed precision, data parallelism, per-epoch checkpoints
 
 The data order of epoch ``e`` is ``randperm(N)`` drawn from a generator seeded with the run's seed
 (and augmentation from a second one), the model is initialised by ``model_factory(seed=seed)``,
-and the optimizer's own generator (bSAM, VSAM, SWAG, ...) is seeded with ``seed + 2000006``; the
-global RNGs (dropout) are seeded with ``seed``. All of these states are checkpointed after every
-epoch, so a run that is stopped and resumed ends with bit-identical weights (same device and
-software).
+the optimizer's own generator (bSAM, VSAM, SWAG, ...) is seeded with ``seed + 2000006``, the noise
+generator of Bayesian layers (a method's ``bayesian`` table) with ``seed + 3000009``; the global
+RNGs (dropout) are seeded with ``seed``. All of these states are checkpointed after every epoch, so
+a run that is stopped and resumed ends with bit-identical weights (same device and software).
+
+The closure of a step follows the optimizer's contract (:mod:`experiments.closures`): the usual
+"backward and return the loss" (plus the KL term for Bayesian layers), or VOGN's per-example losses.
+Under data parallelism ``distributed.sync_batchnorm`` synchronises BatchNorm
+(:mod:`experiments.sync_batchnorm`).
 
 The learning rate follows ``train.schedule`` per step: ``cosine`` (``0.5 (1 + cos(pi t / T))``,
 Loshchilov & Hutter 2017, annealed to zero), ``step`` (times ``gamma`` at each milestone epoch) or
@@ -28,12 +33,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from experiments.amp import LossScaler, SkipStep, autocast_context, param_dtype
+from experiments.amp import LossScaler, SkipStep, param_dtype
 from experiments.checkpoint import load_checkpoint, save_checkpoint
+from experiments.closures import ClosureFactory
 from experiments.config import ConfigError, apply_budget
 from experiments.data import RunData, prepare_data
 from experiments.logs import EpochLogger
-from experiments.methods import build_optimizer, inner_optimizer
+from experiments.methods import build_optimizer, check_run, inner_optimizer
 from experiments.parallel import DistContext
 
 __all__ = ["STEP_HOOK", "Trainer", "lr_factor"]
@@ -43,6 +49,7 @@ STEP_HOOK: Callable[[int], None] | None = None
 
 AUG_SEED_OFFSET = 1_000_003
 OPT_SEED_OFFSET = 2_000_006
+BAYES_SEED_OFFSET = 3_000_009
 
 
 def lr_factor(step: int, steps_per_epoch: int, train_cfg: dict[str, Any]) -> float:
@@ -75,6 +82,10 @@ def lr_factor(step: int, steps_per_epoch: int, train_cfg: dict[str, Any]) -> flo
 
 
 def build_model(cfg: dict[str, Any], seed: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """The run's model: ``model_factory(name, seed=seed, **kwargs)`` on ``device`` in ``dtype``; with
+    a ``bayesian`` table on the method, its ``nn.Linear`` / ``nn.Conv2d`` layers converted to
+    Bayesian layers (:func:`optimizers.convert_to_bayesian`) whose noise generator is seeded with
+    ``seed + BAYES_SEED_OFFSET``."""
     from landscape.models import available_models, model_factory
 
     name = cfg["model"]["name"]
@@ -86,7 +97,44 @@ def build_model(cfg: dict[str, Any], seed: int, dtype: torch.dtype, device: torc
         model = model_factory(name, seed=seed, **cfg["model"]["kwargs"])
     except TypeError as exc:
         raise ConfigError(f"model {name!r} rejects model.kwargs {cfg['model']['kwargs']}: {exc}") from None
-    return model.to(device=device, dtype=dtype)
+    model = model.to(device=device, dtype=dtype)
+    bayes = cfg["methods"][0].get("bayesian") if cfg["methods"] else None
+    if bayes:
+        from optimizers import convert_to_bayesian
+
+        gen = torch.Generator(device=device).manual_seed(seed + BAYES_SEED_OFFSET)
+        try:
+            model = convert_to_bayesian(
+                model,
+                prior_std=bayes["prior_std"],
+                init_std=bayes["init_std"],
+                local_reparam=bayes["local_reparam"],
+                generator=gen,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"method {cfg['methods'][0]['name']!r}, bayesian table: {exc}") from None
+    return model
+
+
+def _check_model(cfg: dict[str, Any], model: nn.Module, contract: Any) -> None:
+    """Checks of the method against the model (dropout for MC-Dropout, no BatchNorm for VOGN)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    from optimizers.bayes.mc_dropout import dropout_modules
+
+    method = cfg["methods"][0]
+    if method["mc_dropout"] and not dropout_modules(model):
+        raise ConfigError(
+            f"method {method['name']!r}: mc_dropout needs a model with dropout layers; model "
+            f"{cfg['model']['name']!r} has none with model.kwargs {cfg['model']['kwargs']}: set "
+            "model.kwargs.dropout = 0.1 (mlp, lenet5, the ResNets and PreResNets take it)"
+        )
+    if contract.independent_examples and any(isinstance(m, _BatchNorm) for m in model.modules()):
+        raise ConfigError(
+            f"method {method['name']!r} ({method['optimizer']}) needs per-example losses that do not "
+            "interact, but the model has BatchNorm layers (training-mode statistics mix the examples); "
+            'use a model without BatchNorm (model.kwargs.norm = "group" or "none", or a "-frn" model)'
+        )
 
 
 class Trainer:
@@ -102,6 +150,7 @@ class Trainer:
         ctx: DistContext,
         fingerprint: str,
         progress: bool = False,
+        data: RunData | None = None,
     ) -> None:
         self.cfg = apply_budget(cfg)
         self.run_dir = Path(run_dir)
@@ -112,7 +161,8 @@ class Trainer:
         self.precision = self.cfg["precision"]
         self.dtype = param_dtype(self.precision)
         self.method = self.cfg["methods"][0]
-        self.data: RunData = prepare_data(self.cfg, seed)
+        self.contract = check_run(self.cfg)
+        self.data: RunData = prepare_data(self.cfg, seed) if data is None else data
         t = self.cfg["train"]
         self.n = len(self.data.y_train)
         bs = min(t["batch_size"], self.n)
@@ -122,6 +172,8 @@ class Trainer:
         self.y_train = self.data.y_train.to(device)
         self.fill = _crop_fill(self.cfg, self.x_train)
         self.model = build_model(self.cfg, seed, self.dtype, device)
+        _check_model(self.cfg, self.model, self.contract)
+        self.bn_sync = self._sync_batchnorm()
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=t["label_smoothing"])
         num_data = int(round(self.n * self.cfg["data"]["num_data_factor"]))
         self.opt, self.opt_args = build_optimizer(
@@ -144,79 +196,46 @@ class Trainer:
             "data": torch.Generator().manual_seed(seed),
             "augment": torch.Generator().manual_seed(seed + AUG_SEED_OFFSET),
         }
+        kl = None
+        if self.method["bayesian"]:
+            from optimizers.bayes.sgvb import bayes_layers, kl_divergence
+
+            self.generators["bayes"] = bayes_layers(self.model)[0].generator
+            weight = self.method["bayesian"]["kl_weight"]
+            if not self.contract.adds_kl and weight > 0:
+                kl = (kl_divergence, weight, num_data)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.create_graph = getattr(self.inner, "hvp", None) == "exact" and hasattr(self.inner, "fd_step")
-        self._first_pass = self._pass_detector()
         if self.create_graph and (ctx.data_parallel or self.scaler.enabled):
             raise ConfigError(
                 f"method {self.method['name']!r}: hvp='exact' (double backward) cannot be combined with "
                 'data parallelism or fp16 loss scaling; use hyperparameters.hvp = "finite_difference"'
             )
+        if ctx.data_parallel and not self.contract.data_parallel:
+            raise ConfigError(
+                f"method {self.method['name']!r} ({self.method['optimizer']}) forms its gradient "
+                "statistics inside its step, which the runner cannot all-reduce; use "
+                'distributed.mode = "grid" (the torchrun ranks then run separate runs)'
+            )
+        self.closures = ClosureFactory(
+            model=self.model,
+            inner=self.inner,
+            contract=self.contract,
+            loss_fn=self.loss_fn,
+            params=self.params,
+            precision=self.precision,
+            device=device,
+            ctx=ctx,
+            method_name=self.method["name"],
+            create_graph=self.create_graph,
+            kl=kl,
+            bn_sync=self.bn_sync,
+        )
         torch.manual_seed(seed)
         np.random.seed(seed % 2**32)
         random.seed(seed)
         self.counters = {"epoch": 0, "step": 0, "skipped": 0}
         self.history: list[dict[str, Any]] = []
-
-    # ------------------------------------------------------------------------------ passes
-    def _pass_detector(self) -> Callable[[], bool] | None:
-        """For ``perturbation = "local"``: a function telling whether the closure call is the pass at
-        ``w`` (not all-reduced) of a two-pass method."""
-        from optimizers import BayesianSAM
-        from optimizers.perturbation import PerturbationOptimizer
-
-        if not (self.ctx.data_parallel and self.ctx.perturbation == "local"):
-            return None
-        inner = self.inner
-        if isinstance(inner, PerturbationOptimizer) and inner.passes == 2:
-            return lambda: not inner.perturbed
-        if isinstance(inner, BayesianSAM):
-            self._calls = 0
-
-            def parity() -> bool:
-                first = self._calls % 2 == 0
-                self._calls += 1
-                return first
-
-            return parity
-        raise ConfigError(
-            f'distributed.perturbation = "local" applies to two-pass SAM-family optimizers (SAM, ASAM, '
-            f"FisherSAM, VariationalSAM, BayesianSAM); method {self.method['name']!r} uses "
-            f"{type(inner).__name__}"
-        )
-
-    def _chunk_weights(self, n_global: int, m: int) -> list[float]:
-        """``n_local,k / n_global,k`` for each sub-batch ``k`` of the closure (``m`` sub-batches)."""
-        shards = torch.tensor_split(torch.arange(n_global), self.ctx.world if self.ctx.data_parallel else 1)
-        sizes = [[len(c) for c in torch.tensor_split(s, m)] for s in shards]
-        mine = sizes[self.ctx.rank if self.ctx.data_parallel else 0]
-        totals = [sum(col) for col in zip(*sizes)]
-        return [a / b if b else 0.0 for a, b in zip(mine, totals)]
-
-    def _closure(self, x: torch.Tensor, y: torch.Tensor, n_global: int) -> Callable[..., torch.Tensor]:
-        m = int(getattr(self.inner, "m", 1))
-        xs, ys = torch.tensor_split(x, m), torch.tensor_split(y, m)
-        weights = self._chunk_weights(n_global, m)
-        ctx, scaler = self.ctx, self.scaler
-
-        def closure(chunk: int | None = None) -> torch.Tensor:
-            k = 0 if chunk is None else chunk
-            xb, yb = (x, y) if chunk is None else (xs[k], ys[k])
-            for p in self.params:
-                p.grad = None
-            with autocast_context(self.precision, self.device):
-                out = self.model(xb)
-            loss = self.loss_fn(out.float() if out.dtype in (torch.float16, torch.bfloat16) else out, yb)
-            scaler.scale_loss(loss).backward(create_graph=self.create_graph)
-            scaler.unscale_(self.params)
-            if ctx.data_parallel:
-                local_first = self._first_pass is not None and self._first_pass()
-                if not local_first:
-                    ctx.reduce_grads(self.params, weights[k])
-                    return ctx.reduce_value(loss, weights[k])
-            return loss.detach()
-
-        return closure
 
     # ------------------------------------------------------------------------------ epochs
     def _augment(self, x: torch.Tensor) -> torch.Tensor:
@@ -239,7 +258,32 @@ class Trainer:
         lo, hi = self.ctx.shard(len(idx))
         return x[lo:hi], y[lo:hi]
 
+    def _sync_batchnorm(self) -> Any:
+        """``distributed.sync_batchnorm`` under data parallelism: BatchNorm layers replaced by
+        :class:`experiments.sync_batchnorm.SyncedBatchNorm`; their shared state, or ``None``."""
+        if not (self.cfg["distributed"]["sync_batchnorm"] and self.ctx.data_parallel):
+            return None
+        from experiments.sync_batchnorm import BatchNormSync, convert_batchnorm
+
+        if self.ctx.perturbation == "local":
+            raise ConfigError(
+                'distributed.sync_batchnorm = true cannot be combined with perturbation = "local": '
+                "per-device perturbations (m-sharpness) use per-device BatchNorm statistics; set "
+                'perturbation = "global" or sync_batchnorm = false'
+            )
+        sync = BatchNormSync(self.ctx)
+        return sync if convert_batchnorm(self.model, sync) else None
+
     def _train_epoch(self, epoch: int) -> dict[str, Any]:
+        if self.bn_sync is None:
+            return self._epoch(epoch)
+        self.bn_sync.active = True
+        try:
+            return self._epoch(epoch)
+        finally:
+            self.bn_sync.active = False
+
+    def _epoch(self, epoch: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.model.train()
         perm = torch.randperm(self.n, generator=self.generators["data"])
@@ -261,10 +305,8 @@ class Trainer:
             x, y = self._batch(idx)
             if STEP_HOOK is not None:
                 STEP_HOOK(self.counters["step"])
-            if hasattr(self, "_calls"):
-                self._calls = 0
             try:
-                loss = self.opt.step(self._closure(x, y, len(idx)))
+                loss = self.opt.step(self.closures(x, y, len(idx), self.scaler))
                 self.scaler.update(False)
             except SkipStep:
                 self.scaler.update(True)

@@ -1,0 +1,199 @@
+"""What an optimizer's closure must do, and the closures the trainer builds for it.
+
+Most optimizers of the suite take the closure "zero the gradients, forward, backward, return the
+loss" (``closure(chunk)`` for a sub-batch of m-sharpness). An optimizer whose contract differs
+says so in a :class:`Contract`: a class attribute ``closure_contract`` (looked up along the class's
+MRO), or, for classes that do not declare one, an entry of :data:`CONTRACTS` made with
+:func:`register_contract` (VOGN, FlatSGVB). The trainer reads the contract; it never branches on
+optimizer names.
+
+* ``closure = "backward"``: the usual closure. With Bayesian layers
+  (:func:`optimizers.convert_to_bayesian`) its loss is the negative ELBO per datum
+  ``nll + kl_weight * KL(q || p) / N`` (Blundell et al. 2015, eq. 2, Sec. 3.4), unless the optimizer
+  ``adds_kl`` itself (FlatSGVB, Nguyen et al. 2023, eq. 7), when the closure returns the NLL only.
+* ``closure = "per_example_losses"``: the closure runs the forward pass and returns the ``[B]``
+  per-example losses attached to the graph, without ``backward`` (VOGN, Osawa et al. 2019, Alg. 1:
+  the optimizer differentiates every example itself). Such an optimizer cannot be combined with fp16
+  loss scaling or with data parallelism (its gradient moments are formed inside ``step``), and the
+  examples must not interact (no BatchNorm in training mode): ``independent_examples``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from experiments.amp import LossScaler, autocast_context
+from experiments.config import ConfigError
+from experiments.parallel import DistContext
+
+__all__ = ["CONTRACTS", "ClosureFactory", "Contract", "contract_of", "register_contract"]
+
+_CLOSURES = ("backward", "per_example_losses")
+
+
+@dataclass(frozen=True)
+class Contract:
+    """The closure an optimizer needs and what it can be combined with (see the module docstring)."""
+
+    closure: str = "backward"
+    adds_kl: bool = False
+    needs_bayesian_layers: bool = False
+    independent_examples: bool = False
+    loss_scaling: bool = True
+    data_parallel: bool = True
+
+    def __post_init__(self) -> None:
+        if self.closure not in _CLOSURES:
+            raise ValueError(f"Contract.closure must be one of {list(_CLOSURES)}, got {self.closure!r}")
+
+
+#: Contracts of optimizer classes that do not declare ``closure_contract`` themselves.
+CONTRACTS: dict[type, Contract] = {}
+
+
+def register_contract(cls: type, contract: Contract) -> None:
+    """Record the closure contract of ``cls`` (and its subclasses)."""
+    if not isinstance(cls, type) or not isinstance(contract, Contract):
+        raise TypeError("register_contract(cls, contract) takes a class and a Contract")
+    CONTRACTS[cls] = contract
+
+
+def _register_suite() -> None:
+    from optimizers import VOGN, FlatSGVB
+
+    per_example = Contract(
+        closure="per_example_losses", independent_examples=True, loss_scaling=False, data_parallel=False
+    )
+    CONTRACTS.setdefault(VOGN, per_example)
+    CONTRACTS.setdefault(FlatSGVB, Contract(adds_kl=True, needs_bayesian_layers=True))
+
+
+def contract_of(fn: Any) -> Contract:
+    """The :class:`Contract` of an optimizer class (or of an instance's class); functions building
+    an optimizer (``f_swag``, ``f_mc_dropout``) and undeclared classes get the default."""
+    if not CONTRACTS:
+        _register_suite()
+    cls = fn if isinstance(fn, type) else type(fn)
+    for klass in cls.__mro__:
+        declared = klass.__dict__.get("closure_contract")
+        if isinstance(declared, Contract):
+            return declared
+        if klass in CONTRACTS:
+            return CONTRACTS[klass]
+    return Contract()
+
+
+def pass_detector(ctx: DistContext, inner: Any, method_name: str) -> tuple[Callable[[], bool] | None, Any]:
+    """For ``perturbation = "local"``: a function telling whether the closure call is the pass at
+    ``w`` (not all-reduced) of a two-pass method, and a ``reset()`` for the start of each step."""
+    from optimizers import BayesianSAM
+    from optimizers.perturbation import PerturbationOptimizer
+
+    if not (ctx.data_parallel and ctx.perturbation == "local"):
+        return None, None
+    if isinstance(inner, PerturbationOptimizer) and inner.passes == 2:
+        return (lambda: not inner.perturbed), None
+    if isinstance(inner, BayesianSAM):
+        calls = [0]
+
+        def parity() -> bool:
+            first = calls[0] % 2 == 0
+            calls[0] += 1
+            return first
+
+        def reset() -> None:
+            calls[0] = 0
+
+        return parity, reset
+    raise ConfigError(
+        f'distributed.perturbation = "local" applies to two-pass SAM-family optimizers (SAM, ASAM, '
+        f"FisherSAM, VariationalSAM, BayesianSAM, FlatSGVB); method {method_name!r} uses "
+        f"{type(inner).__name__}"
+    )
+
+
+class ClosureFactory:
+    """Builds the closure of one optimizer step on a batch, following the optimizer's contract.
+
+    ``kl``: ``None``, or ``(kl_divergence_fn, kl_weight, N)`` to add ``kl_weight * KL / N`` to the
+    loss (Bayesian layers, an optimizer that does not add the KL itself). ``bn_sync``: the
+    synchronised BatchNorm state (:class:`experiments.sync_batchnorm.BatchNormSync`) whose weight
+    each sub-batch sets. See :mod:`experiments.parallel` for the data-parallel weights.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        inner: Any,
+        contract: Contract,
+        loss_fn: nn.Module,
+        params: list[torch.Tensor],
+        precision: str,
+        device: torch.device,
+        ctx: DistContext,
+        method_name: str,
+        create_graph: bool = False,
+        kl: tuple[Callable[[nn.Module], torch.Tensor], float, int] | None = None,
+        bn_sync: Any = None,
+    ) -> None:
+        self.model, self.inner, self.contract, self.loss_fn = model, inner, contract, loss_fn
+        self.params, self.precision, self.device = params, precision, device
+        self.ctx, self.create_graph, self.kl, self.bn_sync = ctx, create_graph, kl, bn_sync
+        self.first_pass, self._reset = pass_detector(ctx, inner, method_name)
+        self.per_example_fn = nn.CrossEntropyLoss(reduction="none", label_smoothing=loss_fn.label_smoothing)
+
+    def chunk_weights(self, n_global: int, m: int) -> list[float]:
+        """``n_local,k / n_global,k`` for each sub-batch ``k`` of the closure (``m`` sub-batches)."""
+        ctx = self.ctx
+        shards = torch.tensor_split(torch.arange(n_global), ctx.world if ctx.data_parallel else 1)
+        sizes = [[len(c) for c in torch.tensor_split(s, m)] for s in shards]
+        mine = sizes[ctx.rank if ctx.data_parallel else 0]
+        totals = [sum(col) for col in zip(*sizes)]
+        return [a / b if b else 0.0 for a, b in zip(mine, totals)]
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        with autocast_context(self.precision, self.device):
+            out = self.model(x)
+        return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
+
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, n_global: int, scaler: LossScaler
+    ) -> Callable[..., torch.Tensor]:
+        """The closure for the local batch ``(x, y)`` of a global batch of ``n_global`` examples,
+        its loss scaled by ``scaler`` (``fp16``; unscaled inside the closure)."""
+        if self._reset is not None:
+            self._reset()
+        if self.contract.closure == "per_example_losses":
+            return lambda: self.per_example_fn(self._logits(x), y)
+        m = int(getattr(self.inner, "m", 1))
+        xs, ys = torch.tensor_split(x, m), torch.tensor_split(y, m)
+        weights = self.chunk_weights(n_global, m)
+        ctx = self.ctx
+
+        def closure(chunk: int | None = None) -> torch.Tensor:
+            k = 0 if chunk is None else chunk
+            xb, yb = (x, y) if chunk is None else (xs[k], ys[k])
+            for p in self.params:
+                p.grad = None
+            if self.bn_sync is not None:
+                self.bn_sync.weight = weights[k]
+            loss = self.loss_fn(self._logits(xb), yb)
+            if self.kl is not None:
+                kl_fn, kl_weight, n = self.kl
+                loss = loss + kl_weight * kl_fn(self.model) / n
+            scaler.scale_loss(loss).backward(create_graph=self.create_graph)
+            scaler.unscale_(self.params)
+            if ctx.data_parallel:
+                local_first = self.first_pass is not None and self.first_pass()
+                if not local_first:
+                    ctx.reduce_grads(self.params, weights[k])
+                    return ctx.reduce_value(loss, weights[k])
+            return loss.detach()
+
+        return closure
