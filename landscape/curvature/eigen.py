@@ -13,11 +13,15 @@ linear algebra on an ``ncv x ncv`` matrix.  The Krylov decomposition kept throug
     A V_d = V_n T[:n, :d],          V_n = [V_d, Q],  n = d + b                    (Wu-Simon eq. 2.3)
 
 so for a Ritz pair ``(theta, y = V_d s)`` of ``T[:d, :d]`` the residual is available without a
-matvec: ``||A y - theta y|| = ||T[d:n, :d] s||`` (eq. 2.5).  The loop stops when every wanted pair
-satisfies ``||A y - theta y|| <= max(tol * |theta|, atol)``; then one extra block matvec computes the
-*true* residuals (counted in ``matvecs``), and ``converged`` is set from those, never from the
-recurrence.  If a true residual disagrees with its estimate the iteration continues while budget is
-left.
+matvec: ``||A y - theta y|| = ||T[d:n, :d] s||`` (eq. 2.5; ``beta_d |s_d|`` for ``b = 1``).  The loop
+stops when every wanted pair satisfies ``||A y - theta y|| <= max(tol * |theta|, atol)``; then one
+extra block matvec computes the *true* residuals (counted in ``matvecs``), and ``converged`` is set
+from those, never from the recurrence.  If a true residual disagrees with its estimate the iteration
+continues while budget is left.  No matvec is held back for that check (``true_residuals=None``, the
+default): when the budget runs out first, the last products go to Lanczos steps -- a budget of
+``M`` buys an ``M``-step Lanczos, as a plain Lanczos would -- and the reported residuals are the
+recurrence's, with ``converged`` False (unverified); ``config["residuals"]`` says which were
+reported.
 
 :func:`power_iteration` (with deflation by orthogonalisation against the pairs already found, as
 PyHessian does) is kept for comparison; it stops on the same residual criterion.
@@ -121,6 +125,7 @@ def _dense_solve(A, k, which, tol, atol, t0, config) -> EigenResult:
     idx = _order(theta, which)[:k]
     vals, vecs = theta[idx], S[:, idx]
     res = torch.linalg.vector_norm(M @ vecs - vecs * vals, dim=0)
+    config["residuals"] = "true"
     conv = [bool(r <= max(tol * abs(v), atol)) for r, v in zip(res.tolist(), vals.tolist())]
     return EigenResult(
         config=config,
@@ -151,6 +156,7 @@ def eigenvalues(
     return_vectors: bool = True,
     per_layer: bool | Mapping[str, int] = False,
     progress: bool = False,
+    true_residuals: bool | None = None,
 ) -> EigenResult | dict[str, EigenResult]:
     """The ``k`` extreme eigenpairs of a symmetric operator by thick-restart (block) Lanczos.
 
@@ -174,6 +180,11 @@ def eigenvalues(
             dict ``name -> EigenResult`` for the diagonal blocks (see
             :func:`landscape.curvature.linop.blocks`).
         progress: show a tqdm bar over matvecs.
+        true_residuals: ``None`` (default): verify with one block of ``k`` products when the
+            recurrence reports convergence and the budget allows it; otherwise spend the whole budget
+            on Lanczos steps and report the recurrence residuals, unverified (``converged`` False).
+            ``True``: always keep ``k`` products for the true residuals (fewer Lanczos steps at a
+            small budget).  ``False``: never; residuals and ``converged`` from the recurrence.
 
     Returns:
         :class:`EigenResult` with ``values`` sorted per ``which``, ``vectors`` ``[p, k]``,
@@ -191,8 +202,11 @@ def eigenvalues(
         restart_keep=restart_keep,
         return_vectors=return_vectors,
         progress=progress,
+        true_residuals=true_residuals,
     )
     _check_args(k, which, tol, atol, max_matvecs, seed)
+    if true_residuals not in (None, True, False):
+        raise TypeError(f"true_residuals must be None, True or False, got {true_residuals!r}")
     check_positive("block_size", block_size, integer=True)
     for name, value in (("ncv", ncv), ("restart_keep", restart_keep)):
         if value is not None:
@@ -236,6 +250,7 @@ def eigenvalues(
         "seed": seed_config(seed),
         "block_size": b,
         "ncv": ncv,
+        "true_residuals": true_residuals,
         "operator": A.config(),
     }
     if p <= ncv + b:
@@ -267,6 +282,7 @@ def eigenvalues(
     wanted = None
     res_final = vals_final = Y = None
     conv: list[bool] = []
+    reserve = k if true_residuals else 0  # products held back for the final check
 
     def thresholds(vals: torch.Tensor) -> torch.Tensor:
         return torch.clamp(tol * vals.abs(), min=atol)
@@ -275,7 +291,7 @@ def eigenvalues(
         while True:
             # ---- expand / restart until the recurrence says the wanted pairs converged ----
             done = False
-            while A.matvecs + b + k <= max_matvecs:
+            while A.matvecs + b + reserve <= max_matvecs:
                 if d + b > ncv:  # thick restart: keep the best `keep` Ritz vectors + the next block
                     idx = _order(theta, which)[:keep]
                     Sk = S[:, idx]
@@ -320,8 +336,16 @@ def eigenvalues(
                 raise ValueError(
                     f"max_matvecs = {max_matvecs} is too small to build {k} Ritz values with block size {b}"
                 )
-            # ---- true residuals: one extra block matvec ----
             Y = V[:, :d] @ S[:, wanted]
+            if true_residuals is False or (true_residuals is None and A.matvecs + k > max_matvecs):
+                # ---- no budget (or no wish) to check: the recurrence's residuals (eq. 2.5) ----
+                vals_final, res_final = theta[wanted], est
+                trusted = true_residuals is False
+                conv = [trusted and bool(c) for c in (res_final <= thresholds(vals_final)).tolist()]
+                config["residuals"] = "recurrence"
+                break
+            # ---- true residuals: one extra block matvec ----
+            config["residuals"] = "true"
             AY = A.matmat(Y)
             if bar is not None:
                 bar.update(k)
@@ -329,7 +353,7 @@ def eigenvalues(
             res_final = torch.linalg.vector_norm(AY - Y * vals_final, dim=0)
             ok = res_final <= thresholds(vals_final)
             conv = [bool(c) for c in ok.tolist()]
-            if all(conv) or not done or A.matvecs + b + k > max_matvecs:
+            if all(conv) or not done or A.matvecs + b + reserve > max_matvecs:
                 break
             inner_tol *= 0.1  # the recurrence was optimistic (loss of orthogonality): tighten
     finally:
