@@ -143,6 +143,35 @@ class DiagonalGaussianPosterior:
                 for p, old in saved:
                     p.copy_(old)
 
+    def _step_summary(
+        self,
+        losses: list[torch.Tensor],
+        name: str,
+        values: list[torch.Tensor],
+        std: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        **norms: float,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The mean step loss and the ``self.last`` summary of a step (IVON, VOGN, bSAM).
+
+        ``last = {loss, **norms, {name}_min, {name}_mean, {name}_max, posterior_std_mean}`` with the
+        min/mean/max over every entry of the per-parameter ``values`` (``h`` or ``s``) and the mean
+        of the posterior standard deviations: ``std(all values)`` if given, else
+        :meth:`posterior_std`'s.  Without parameters the statistics are those of ``ones(1)``.
+        """
+        flat = torch.cat([v.reshape(-1) for v in values]) if values else torch.ones(1)
+        if std is not None:
+            sd = std(flat)
+        else:
+            sd = torch.cat([v.reshape(-1) for v in self.posterior_std().values()]) if values else flat
+        loss = torch.stack(losses).mean()
+        last = dict(
+            loss=float(loss),
+            **norms,
+            **{f"{name}_min": float(flat.min()), f"{name}_mean": float(flat.mean())},
+            **{f"{name}_max": float(flat.max()), "posterior_std_mean": float(sd.mean())},
+        )
+        return loss, last
+
     def bayesian_model_average(
         self,
         model: nn.Module,

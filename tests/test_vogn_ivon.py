@@ -287,3 +287,68 @@ def test_ivon_errors_and_state_dict_roundtrip():
     vogn = VOGN(twin.parameters(), lr=0.1, num_data=10)
     with pytest.raises(ValueError, match=r"saved by (a )?IVON"):
         vogn.load_state_dict(opt.state_dict())
+
+
+# ============================================================================================
+# the step summary ``last`` (one helper for IVON, VOGN and bSAM)
+# ============================================================================================
+def _flat(d: dict, model) -> torch.Tensor:
+    return torch.cat([d[p].reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("name", ["ivon", "vogn", "bsam"])
+def test_step_summary_matches_the_optimizer_state(name):
+    from optimizers.bayes.bsam import BayesianSAM
+
+    model, x, y, _ = _problem("mlp")
+    seen: list[float] = []
+
+    def closure():  # IVON / bSAM: a mean loss with backward; VOGN: per-example losses
+        model.zero_grad()
+        if name == "vogn":
+            losses = F.cross_entropy(model(x), y, reduction="none")
+            seen.append(float(losses.detach().mean()))
+            return losses
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        seen.append(float(loss))
+        return loss
+
+    if name == "ivon":
+        opt = IVON(model.parameters(), lr=0.05, ess=30.0, weight_decay=0.1, mc_samples=2, seed=3)
+    elif name == "vogn":
+        opt = VOGN(
+            model.parameters(), lr=0.05, num_data=30, prior_precision=2.0, damping=0.01, tempering=0.5,
+            mc_samples=2, seed=3,
+        )  # fmt: skip
+    else:
+        opt = BayesianSAM(model.parameters(), lr=0.05, num_data=30, rho=0.1, seed=3)
+    for _ in range(2):
+        seen.clear()
+        loss = opt.step(closure)
+    last = opt.last
+    if name == "ivon":
+        h = _flat(opt.hessian(), model)
+        std = 1 / torch.sqrt(30.0 * (h + 0.1))  # Shen et al. 2024: sigma^2 = 1 / (lambda (h + delta))
+        keys = ["loss", "grad_norm", "noise_norm", "hess_min", "hess_mean", "hess_max"]
+        mean_loss = sum(seen) / 2
+    elif name == "vogn":
+        h = _flat(opt.precision(), model)
+        std = torch.sqrt(0.5 / (30 * (h + 0.5 * 2.0 / 30 + 0.01)))  # tau / (N (s + tau prior / N + gamma))
+        keys = ["loss", "grad_norm", "noise_norm", "s_min", "s_mean", "s_max"]
+        mean_loss = sum(seen) / 2
+    else:
+        h = _flat(opt.precision(), model)
+        std = 1 / torch.sqrt(30 * h)
+        keys = ["loss", "loss_perturbed", "grad_norm", "eps_norm", "noise_norm", "s_min", "s_mean", "s_max"]
+        mean_loss, pert = seen[0], seen[1]  # pass 1 at w + e, pass 2 at w + eps
+        assert last["loss_perturbed"] == pytest.approx(pert, rel=1e-14)
+    assert list(last) == keys + ["posterior_std_mean"]
+    assert last["loss"] == pytest.approx(mean_loss, rel=1e-14) and float(loss) == last["loss"]
+    stat = keys[-3].split("_")[0]
+    assert last[f"{stat}_min"] == float(h.min()) and last[f"{stat}_max"] == float(h.max())
+    assert last[f"{stat}_mean"] == pytest.approx(float(h.mean()), rel=1e-14)
+    assert last["posterior_std_mean"] == pytest.approx(float(std.mean()), rel=1e-12)
+    if name != "bsam":  # p.grad holds the averaged gradient of the step
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        assert last["grad_norm"] == pytest.approx(float(g.norm()), rel=1e-12)

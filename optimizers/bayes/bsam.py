@@ -280,17 +280,14 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
                 p.addcdiv_(gm, s, value=-group["lr"])
             st["step"] += 1
             p.grad = g_eps  # the descent gradient actually used (readable by callers)
-        all_s = torch.cat([s.reshape(-1) for s in s_list]) if s_list else torch.ones(1)
-        loss = torch.stack(losses).mean()
-        self.last = dict(
-            loss=float(loss),
+        loss, self.last = self._step_summary(
+            losses,
+            "s",
+            s_list,
+            std=lambda all_s: torch.rsqrt(n * all_s),
             loss_perturbed=float(torch.stack(losses_eps).mean()),
             grad_norm=gnorm / m,
             eps_norm=math.sqrt(eps_sq / m),
             noise_norm=math.sqrt(noise_sq / m),
-            s_min=float(all_s.min()),
-            s_mean=float(all_s.mean()),
-            s_max=float(all_s.max()),
-            posterior_std_mean=float(torch.rsqrt(n * all_s).mean()),
         )
         return loss

@@ -234,17 +234,8 @@ class IVON(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
                 direction.clamp_(-group["clip_radius"], group["clip_radius"])
             p.sub_(alpha * direction)
             p.grad = ghat
-        all_h = torch.cat([h.reshape(-1) for h in h_list]) if h_list else torch.ones(1)
-        all_std = torch.cat([v.reshape(-1) for v in self.posterior_std().values()]) if h_list else all_h
-        loss = torch.stack(losses).mean()
-        self.last = dict(
-            loss=float(loss),
-            grad_norm=math.sqrt(g_sq),
-            noise_norm=noise_norm / K,
-            hess_min=float(all_h.min()),
-            hess_mean=float(all_h.mean()),
-            hess_max=float(all_h.max()),
-            posterior_std_mean=float(all_std.mean()),
+        loss, self.last = self._step_summary(
+            losses, "hess", h_list, grad_norm=math.sqrt(g_sq), noise_norm=noise_norm / K
         )
         return loss
 

@@ -308,17 +308,8 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
             p.addcdiv_(st["momentum"], s + delta + group["damping"], value=-group["lr"])
             st["step"] += 1
             p.grad = g
-        all_s = torch.cat([s.reshape(-1) for s in s_list]) if s_list else torch.ones(1)
-        all_std = torch.cat([v.reshape(-1) for v in self.posterior_std().values()]) if s_list else all_s
-        loss = torch.stack(losses_mean).mean()
-        self.last = dict(
-            loss=float(loss),
-            grad_norm=math.sqrt(g_sq),
-            noise_norm=noise_norm / K,
-            s_min=float(all_s.min()),
-            s_mean=float(all_s.mean()),
-            s_max=float(all_s.max()),
-            posterior_std_mean=float(all_std.mean()),
+        loss, self.last = self._step_summary(
+            losses_mean, "s", s_list, grad_norm=math.sqrt(g_sq), noise_norm=noise_norm / K
         )
         return loss
 
