@@ -116,12 +116,14 @@ def validate(runs: list[Run]) -> None:
     from landscape.models import available_models
 
     for run in runs:
-        check_run(run.cfg)
+        contract = check_run(run.cfg)
         name = run.cfg["model"]["name"]
         if name not in available_models():
             raise ConfigError(
                 f"model.name {name!r} is not a registered model; available: {', '.join(available_models())}"
             )
+        if run.cfg["methods"][0]["mc_dropout"] or contract.independent_examples:
+            _check_meta_model(run.cfg, contract)
         try:
             sharpness_measures(run.cfg)
         except ValueError as exc:
@@ -157,6 +159,21 @@ def semantic_config(cfg: dict[str, Any]) -> dict[str, Any]:
             for m in out["methods"]
         ]
     return out
+
+
+def _check_meta_model(cfg: dict[str, Any], contract: Any) -> None:
+    """The method's checks against its model, built on the ``meta`` device (no memory, no time)."""
+    from experiments.config import ConfigError
+    from experiments.train import check_model
+    from landscape.models import model_factory
+
+    try:
+        model = model_factory(cfg["model"]["name"], device="meta", **cfg["model"]["kwargs"])
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"model {cfg['model']['name']!r} rejects model.kwargs {cfg['model']['kwargs']}: {exc}"
+        ) from None
+    check_model(cfg, model, contract)
 
 
 def fingerprint(cfg: dict[str, Any], *, training_only: bool) -> str:

@@ -42,7 +42,7 @@ from experiments.logs import EpochLogger
 from experiments.methods import build_optimizer, check_run, inner_optimizer
 from experiments.parallel import DistContext
 
-__all__ = ["STEP_HOOK", "Trainer", "lr_factor"]
+__all__ = ["STEP_HOOK", "Trainer", "build_model", "check_model", "lr_factor"]
 
 #: Test hook: ``STEP_HOOK(global_step)`` runs before every optimizer step (e.g. to simulate a crash).
 STEP_HOOK: Callable[[int], None] | None = None
@@ -116,8 +116,9 @@ def build_model(cfg: dict[str, Any], seed: int, dtype: torch.dtype, device: torc
     return model
 
 
-def _check_model(cfg: dict[str, Any], model: nn.Module, contract: Any) -> None:
-    """Checks of the method against the model (dropout for MC-Dropout, no BatchNorm for VOGN)."""
+def check_model(cfg: dict[str, Any], model: nn.Module, contract: Any) -> None:
+    """Checks of the method against the model (dropout for MC-Dropout, no BatchNorm for VOGN); the
+    model may live on the ``meta`` device (the runner checks every run this way before training)."""
     from torch.nn.modules.batchnorm import _BatchNorm
 
     from optimizers.bayes.mc_dropout import dropout_modules
@@ -172,7 +173,7 @@ class Trainer:
         self.y_train = self.data.y_train.to(device)
         self.fill = _crop_fill(self.cfg, self.x_train)
         self.model = build_model(self.cfg, seed, self.dtype, device)
-        _check_model(self.cfg, self.model, self.contract)
+        check_model(self.cfg, self.model, self.contract)
         self.bn_sync = self._sync_batchnorm()
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=t["label_smoothing"])
         num_data = int(round(self.n * self.cfg["data"]["num_data_factor"]))

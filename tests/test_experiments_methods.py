@@ -357,3 +357,13 @@ def test_fingerprints_of_configs_without_the_new_keys_are_unchanged():
         {"methods": [{"optimizer": "sam", "swag": {"rank": 3}}], "distributed": {"sync_batchnorm": True}}
     )
     assert len({fingerprint(c, training_only=True) for c in (cfg, other, synced)}) == 3
+
+
+def test_a_misconfigured_method_is_refused_before_any_run_of_the_grid_trains(tmp_path, capsys):
+    path = tmp_path / "bm.toml"
+    path.write_text(CONFIG + '[[methods]]\nname = "mcd"\noptimizer = "sgd"\nmc_dropout = { samples = 4 }\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(path), f"out_dir={tmp_path / 'runs'}"])
+    assert exc.value.code == 2
+    assert "mc_dropout needs a model with dropout layers" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # the first method ('m', plain SGD) did not start
