@@ -80,7 +80,8 @@ def _data_spec(cfg: dict[str, Any], model: str) -> str:
 
 
 def _data_kwargs(cfg: dict[str, Any], spec: str) -> dict[str, Any]:
-    kw = dict(cfg["runner"].get("data", {}).get("kwargs", {}))
+    table = cfg["runner"].get("data", {})  # a bad runner table is reported by resolve_config
+    kw = dict(table.get("kwargs", {})) if isinstance(table, dict) else {}
     if spec.startswith("digits"):
         kw.setdefault("test_fraction", cfg["test_fraction"])
     return kw
@@ -125,7 +126,9 @@ def runner_config(point: dict[str, Any], cfg: dict[str, Any], root: str | Path) 
     if name in ("sgd", "sam", "asam"):
         hyper = {"momentum": 0.9, **opts, "weight_decay": wd}
     elif name == "bsam":
-        factor = float(cfg["runner"].get("data", {}).get("num_data_factor", 1.0))
+        table = cfg["runner"].get("data", {})
+        f = table.get("num_data_factor", 1.0) if isinstance(table, dict) else 1.0
+        factor = float(f) if isinstance(f, (int, float)) else 1.0  # else resolve_config reports it
         prior = float(opts.pop("prior_precision", 1.0)) + wd * round(point["n_train"] * factor)
         hyper = {**opts, "prior_precision": prior}
     else:  # mfvi

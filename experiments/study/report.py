@@ -87,6 +87,7 @@ def plot_study(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     by = {(e["measure"], e["target"]): e for e in entries}
     ncol = 4
@@ -104,6 +105,7 @@ def plot_study(
             )
         if pts and min(r[m] for r in pts) > 0:
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on a narrow range
         e = by[(m, target)]
         ax.set_title(f"{m}\ntau={e['tau']:+.2f} [{e['low']:+.2f}, {e['high']:+.2f}]", fontsize=9)
         ax.tick_params(labelsize=7)
