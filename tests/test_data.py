@@ -128,3 +128,30 @@ def test_batches_and_loader():
     assert a == b and sorted(sum(a, [])) == list(range(10))
     with pytest.raises(ValueError, match="batch_size"):
         batches(x, y, 0)
+
+
+def test_limit_across_files_reads_only_what_it_needs_except_mnist(tmp_path):
+    # CIFAR: 2 images per batch file; limit=3 takes batch 1 and the first image of batch 2, and the
+    # files after it are neither read nor checked (a broken data_batch_3 goes unnoticed)
+    rng = np.random.default_rng(7)
+    data = {}
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        data[name] = rng.integers(0, 256, size=(2, 3072), dtype=np.uint8)
+        with open(tmp_path / name, "wb") as fh:
+            pickle.dump({b"data": data[name], b"labels": [1, 2]}, fh)
+    (tmp_path / "data_batch_3").write_bytes(b"not a pickle")
+    x, y = load_cifar10(tmp_path, "all", normalize=False, limit=3, dtype=torch.float64)
+    ref = np.concatenate([data["data_batch_1"], data["data_batch_2"][:1]]).reshape(3, 3, 32, 32) / 255.0
+    assert torch.equal(x, torch.as_tensor(ref)) and y.tolist() == [1, 2, 1]
+    with pytest.raises(ValueError, match="data_batch_3"):
+        load_cifar10(tmp_path, "all", limit=5)
+    # MNIST reads and checks every split of "all" before keeping the first `limit` examples
+    tr = rng.integers(0, 256, size=(4, 28, 28), dtype=np.uint8)
+    write_idx_ubyte(tmp_path / "train-images-idx3-ubyte", tr)
+    write_idx_ubyte(tmp_path / "train-labels-idx1-ubyte", np.array([3, 1, 4, 1]))
+    write_idx_ubyte(tmp_path / "t10k-images-idx3-ubyte", tr[:2])
+    with pytest.raises(FileNotFoundError, match="no t10k-labels-idx1-ubyte"):
+        load_mnist(tmp_path, "all", limit=3)
+    write_idx_ubyte(tmp_path / "t10k-labels-idx1-ubyte", np.array([5, 9]))
+    xm, ym = load_mnist(tmp_path, "all", normalize=False, limit=3, dtype=torch.float64)
+    assert torch.equal(xm[:, 0], torch.as_tensor(tr[:3] / 255.0)) and ym.tolist() == [3, 1, 4]

@@ -9,17 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape.data.common import (
-    SOURCES,
-    Batch,
-    check_dtype,
-    check_limit,
-    check_split,
-    data_root,
-    locate,
-    resolve_stats,
-    to_inputs,
-)
+from landscape.data.common import SOURCES, Batch, to_inputs
+from landscape.data.loading import prepare, read_parts
 from landscape.data.safe_pickle import safe_load_pickle
 
 CIFAR10_FILES = {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)}
@@ -111,15 +102,13 @@ def _load_cifar(
     normalize: bool | str | tuple,
     limit: int | None,
 ) -> Batch:
-    check_split(split)
-    check_dtype(dtype)
-    check_limit(limit)
-    stats = resolve_stats(normalize, _STATS_KEY[what], 3)
     expected = files["train"] + files["test"]
-    base = locate(data_root(root, what), (subdir,), expected)
-    names = expected if split == "all" else files[split]
-    xs, ys = [], []
-    for name in names:
+    base, stats = prepare(
+        root, what, split=split, dtype=dtype, limit=limit, normalize=normalize,
+        stats=_STATS_KEY[what], channels=3, subdirs=(subdir,), probes=expected,
+    )  # fmt: skip
+
+    def read(name: str) -> tuple[np.ndarray, np.ndarray]:
         path = base / name
         if not path.is_file():
             raise FileNotFoundError(
@@ -127,15 +116,9 @@ def _load_cifar(
                 f"{', '.join(expected)} in the directory or in its sub-directory {subdir} (extract "
                 f"{archive} there); nothing is downloaded: get it from {SOURCES[what]}."
             )
-        x, y = _read_cifar_batch(path, what, label_key, num_classes)
-        xs.append(x)
-        ys.append(y)
-        if limit is not None and sum(len(v) for v in ys) >= limit:
-            break
-    x = np.concatenate(xs)
-    y = np.concatenate(ys)
-    if limit is not None:
-        x, y = x[:limit], y[:limit]
+        return _read_cifar_batch(path, what, label_key, num_classes)
+
+    x, y = read_parts(read, expected if split == "all" else files[split], limit)
     return to_inputs(x, stats, dtype), torch.as_tensor(y)
 
 

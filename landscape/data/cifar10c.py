@@ -23,16 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape.data.common import (
-    SOURCES,
-    Batch,
-    check_dtype,
-    check_limit,
-    data_root,
-    locate,
-    resolve_stats,
-    to_inputs,
-)
+from landscape.data.common import SOURCES, Batch, to_inputs
+from landscape.data.loading import prepare
 
 CIFAR10C_CORRUPTIONS: tuple[str, ...] = (
     "gaussian_noise", "shot_noise", "impulse_noise",
@@ -109,10 +101,10 @@ def load_cifar10c(
     """
     check_corruption(corruption)
     severity = check_severity(severity)
-    check_dtype(dtype)
-    check_limit(limit)
-    stats = resolve_stats(normalize, "cifar10", 3)
-    base = locate(data_root(root, "CIFAR-10-C"), _SUBDIRS, ("labels.npy", f"{corruption}.npy"))
+    base, stats = prepare(
+        root, "CIFAR-10-C", dtype=dtype, limit=limit, normalize=normalize, stats="cifar10", channels=3,
+        subdirs=_SUBDIRS, probes=("labels.npy", f"{corruption}.npy"),
+    )  # fmt: skip
     images = _load_npy(base / f"{corruption}.npy")
     labels = _load_npy(base / "labels.npy")
     path, lpath = base / f"{corruption}.npy", base / "labels.npy"

@@ -12,17 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape.data.common import (
-    SOURCES,
-    Batch,
-    check_dtype,
-    check_limit,
-    check_split,
-    data_root,
-    locate,
-    resolve_stats,
-    to_inputs,
-)
+from landscape.data.common import SOURCES, Batch, to_inputs
+from landscape.data.loading import prepare, read_parts
 
 # IDX type codes (third byte of the magic number) -> big-endian numpy dtype
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -166,22 +157,17 @@ def load_mnist(
     :mod:`landscape.data.common` for the other forms of ``normalize``). ``limit`` keeps the first
     examples.
     """
-    check_split(split)
-    check_dtype(dtype)
-    check_limit(limit)
     if flavour not in _FLAVOURS:
         raise ValueError(f"flavour must be one of {tuple(_FLAVOURS)}, got {flavour!r}")
     what, subdirs = _FLAVOURS[flavour]
-    stats = resolve_stats(normalize, flavour, 1)
-    base = data_root(root, what)
     probes = [f + gz for f in MNIST_FILES["train"] + MNIST_FILES["test"] for gz in ("", ".gz")]
-    base = locate(base, subdirs, probes)
+    base, stats = prepare(
+        root, what, split=split, dtype=dtype, limit=limit, normalize=normalize, stats=flavour,
+        channels=1, subdirs=subdirs, probes=probes,
+    )  # fmt: skip
     splits = ("train", "test") if split == "all" else (split,)
-    parts = [_mnist_split(base, s, flavour) for s in splits]
-    x = np.concatenate([p[0] for p in parts])
-    y = np.concatenate([p[1] for p in parts])
-    if limit is not None:
-        x, y = x[:limit], y[:limit]
+    # every split is read and checked, also when the first one already holds `limit` examples
+    x, y = read_parts(lambda s: _mnist_split(base, s, flavour), splits, limit, stop_at_limit=False)
     return to_inputs(x[:, None], stats, dtype), torch.as_tensor(y.astype(np.int64))
 
 

@@ -17,17 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from landscape.data.common import (
-    SOURCES,
-    Batch,
-    check_dtype,
-    check_limit,
-    check_split,
-    data_root,
-    locate,
-    resolve_stats,
-    to_inputs,
-)
+from landscape.data.common import SOURCES, Batch, to_inputs
+from landscape.data.loading import prepare, read_parts
 
 SVHN_FILES = {"train": "train_32x32.mat", "test": "test_32x32.mat", "extra": "extra_32x32.mat"}
 SVHN_SPLITS = ("train", "test", "extra", "all")
@@ -91,14 +82,12 @@ def load_svhn(
     Returns:
         ``(X, y)``: ``[N, 3, 32, 32]`` inputs, int64 labels 0..9 (the file's 10 mapped to 0).
     """
-    check_split(split, SVHN_SPLITS)
-    check_dtype(dtype)
-    check_limit(limit)
-    stats = resolve_stats(normalize, "svhn", 3)
-    base = locate(data_root(root, "SVHN"), _SUBDIRS, tuple(SVHN_FILES.values()))
-    names = ("train", "test") if split == "all" else (split,)
-    xs, ys = [], []
-    for name in names:
+    base, stats = prepare(
+        root, "SVHN", split=split, splits=SVHN_SPLITS, dtype=dtype, limit=limit, normalize=normalize,
+        stats="svhn", channels=3, subdirs=_SUBDIRS, probes=tuple(SVHN_FILES.values()),
+    )  # fmt: skip
+
+    def read(name: str) -> tuple[np.ndarray, np.ndarray]:
         path = base / SVHN_FILES[name]
         if not path.is_file():
             raise FileNotFoundError(
@@ -108,13 +97,8 @@ def load_svhn(
                 f"{SOURCES['SVHN']}."
             )
         x, y = _read_mat(path)
-        xs.append(x.transpose(3, 2, 0, 1))
-        ys.append(y)
-        if limit is not None and sum(len(v) for v in ys) >= limit:
-            break
-    x = np.concatenate(xs)
-    y = np.concatenate(ys)
-    if limit is not None:
-        x, y = x[:limit], y[:limit]
+        return x.transpose(3, 2, 0, 1), y
+
+    x, y = read_parts(read, ("train", "test") if split == "all" else (split,), limit)
     y = np.where(y == 10, 0, y)
     return to_inputs(np.ascontiguousarray(x), stats, dtype), torch.as_tensor(y)
