@@ -8,8 +8,11 @@
 * :mod:`experiments.config`: TOML configs, dotted overrides, defaults, checks and ``budget``;
 * :mod:`experiments.runner`: the grid of runs (sweep variants x methods x seeds) and the files of
   each run; :mod:`experiments.train`: one run (checkpointed every epoch, resumable bit-exactly);
-* :mod:`experiments.methods`: optimizers by name; :mod:`experiments.amp`: mixed precision;
-  :mod:`experiments.parallel`: ``torchrun`` (grid split or data parallel);
+* :mod:`experiments.methods`: optimizers by name; :mod:`experiments.closures`: the closure each
+  optimizer needs (mean loss, per-example losses for VOGN, the NLL for F-SGVB);
+  :mod:`experiments.members`: deep ensembles (member runs, resumable one by one);
+  :mod:`experiments.amp`: mixed precision; :mod:`experiments.parallel`: ``torchrun`` (grid split or
+  data parallel); :mod:`experiments.sync_batchnorm`: BatchNorm over the global batch (gloo too);
 * :mod:`experiments.data`: data sets (``landscape.data``), subsets, label noise, OOD sets;
   :mod:`experiments.evaluate`: metrics, Bayesian model averages, CIFAR-10-C, sharpness;
 * :mod:`experiments.table`: mean ± std over seeds, next to the papers' numbers, and a figure.
