@@ -52,27 +52,17 @@ def _bisect(
         history.append((s, d))
         return d
 
-    s = start
-    if dev(s) <= target:
-        lo = s
-        for _ in range(max_doublings):
-            s *= 2.0
-            if dev(s) > target:
-                hi = s
-                break
-            lo = s
-        else:
-            return math.inf, history
+    # bracket: from a feasible start double until infeasible, from an infeasible one halve until feasible
+    s = prev = start
+    up = dev(s) <= target
+    for _ in range(max_doublings):
+        s = s * 2.0 if up else s / 2.0
+        if (dev(s) <= target) != up:
+            break
+        prev = s
     else:
-        hi = s
-        for _ in range(max_doublings):
-            s /= 2.0
-            if dev(s) <= target:
-                lo = s
-                break
-            hi = s
-        else:
-            return 0.0, history
+        return (math.inf if up else 0.0), history
+    lo, hi = (prev, s) if up else (s, prev)
     for _ in range(steps):
         mid = math.sqrt(lo * hi)
         if dev(mid) <= target:
@@ -84,6 +74,33 @@ def _bisect(
 
 def _inv_sq(s: float) -> float:
     return math.inf if s == 0 else 1.0 / s**2
+
+
+def _flatness(
+    name: str,
+    plain: Callable[[float], float],
+    magnitude: Callable[[float], float],
+    *,
+    target: float,
+    steps: int,
+    start: float,
+    base: float,
+    config: dict[str, Any],
+) -> dict[str, Any]:
+    """Bisect the plain and the magnitude-aware scale ``name`` (``sigma`` / ``alpha``) from ``start``;
+    the value is ``1 / s*^2`` (Jiang et al. 2020, eqs. 49 and 53), the magnitude-aware one in
+    ``extra`` with both bisection histories."""
+    s, hist = _bisect(plain, target, steps, start)
+    s_mag, hist_mag = _bisect(magnitude, target, steps, start)
+    extra = {
+        name: s,
+        f"{name}_magnitude": s_mag,
+        f"inv_{name}_magnitude_sq": _inv_sq(s_mag),
+        "base": base,
+        "bisection": hist,
+        "bisection_magnitude": hist_mag,
+    }
+    return {"value": _inv_sq(s), "stderr": None, "config": config, "extra": extra}
 
 
 def pacbayes_flatness(
@@ -128,8 +145,6 @@ def pacbayes_flatness(
         std = torch.sqrt(sigma**2 * w_abs**2 + epsilon**2)
         return sum(crit(ctx.w0 + std * xi) for xi in xis) / len(xis) - base
 
-    sigma, hist = _bisect(deviation_plain, target, steps, start)
-    sigma_mag, hist_mag = _bisect(deviation_mag, target, steps, start)
     cfg = dict(
         target=target,
         steps=steps,
@@ -140,15 +155,16 @@ def pacbayes_flatness(
         start=start,
         seed=seed_value,
     )
-    extra = dict(
-        sigma=sigma,
-        sigma_magnitude=sigma_mag,
-        inv_sigma_magnitude_sq=_inv_sq(sigma_mag),
+    return _flatness(
+        "sigma",
+        deviation_plain,
+        deviation_mag,
+        target=target,
+        steps=steps,
+        start=start,
         base=base,
-        bisection=hist,
-        bisection_magnitude=hist_mag,
+        config=cfg,
     )
-    return {"value": _inv_sq(sigma), "stderr": None, "config": cfg, "extra": extra}
 
 
 def sharpness_flatness(
@@ -191,8 +207,6 @@ def sharpness_flatness(
     def deviation_mag(alpha: float) -> float:
         return worst(alpha * w_abs + epsilon)
 
-    alpha, hist = _bisect(deviation_plain, target, steps, start)
-    alpha_mag, hist_mag = _bisect(deviation_mag, target, steps, start)
     cfg = dict(
         target=target,
         steps=steps,
@@ -204,12 +218,13 @@ def sharpness_flatness(
         start=start,
         seed=seed_value,
     )
-    extra = dict(
-        alpha=alpha,
-        alpha_magnitude=alpha_mag,
-        inv_alpha_magnitude_sq=_inv_sq(alpha_mag),
+    return _flatness(
+        "alpha",
+        deviation_plain,
+        deviation_mag,
+        target=target,
+        steps=steps,
+        start=start,
         base=base,
-        bisection=hist,
-        bisection_magnitude=hist_mag,
+        config=cfg,
     )
-    return {"value": _inv_sq(alpha), "stderr": None, "config": cfg, "extra": extra}
