@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from experiments.runner import Run
+from experiments.runner import Run, semantic_config
 from experiments.study.config import model_id, plan_population
 from experiments.study.measure import measure_member
 from experiments.study.members import load_member, member_run, sharpness_subset, train_member
@@ -60,7 +60,7 @@ def train_and_measure(
 
 def _fingerprint(point: dict[str, Any], cfg: dict[str, Any], run: Run) -> str:
     keep = {k: v for k, v in cfg.items() if k not in _NOT_SEMANTIC}
-    runner = {k: v for k, v in run.cfg.items() if k not in _RUNNER_NOT_SEMANTIC}
+    runner = {k: v for k, v in semantic_config(run.cfg).items() if k not in _RUNNER_NOT_SEMANTIC}
     text = json.dumps({"point": point, "cfg": keep, "runner": runner}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
