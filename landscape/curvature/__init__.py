@@ -10,7 +10,8 @@
   and stochastic Lanczos quadrature (``xtrace``: XTrace's state, rank-deficient sketches included);
 * ``output_hessian``: closed-form Hessians of common losses with respect to the network output;
 * ``monitor``: :class:`CurvatureMonitor`, lambda_max (and the preconditioned sharpness of Adam)
-  during training against the edge-of-stability threshold.
+  during training against the edge-of-stability threshold (``stability``: the thresholds and Adam's
+  preconditioner).
 """
 
 from landscape.curvature.base import CurvatureOperator
