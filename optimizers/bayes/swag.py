@@ -6,6 +6,16 @@ F-SWAG) and collects the running mean ``theta_bar``, the running second moment `
 baseline for Bayesian uncertainty in deep learning", Alg. 1), either every ``collect_every``
 steps after ``start_step`` (``collect="step"``) or once per epoch after ``start_epoch`` epochs
 (``collect="epoch"``, the paper's and the authors' code's rule: from epoch 161 of 300, rank 20).
+
+**The default, ``collect="step"`` with ``collect_every=1``, collects after EVERY optimizer step --
+not the paper's schedule.**  Maddox et al. collect once per epoch (Alg. 1 with ``c`` = one epoch;
+swa_gaussian ``run_swag.py``: ``--swa_c_epochs 1``, a per-batch rule only with
+``--swa_c_batches``).  For the paper's posterior use ``collect="epoch"`` (and call
+:meth:`SWAG.on_epoch_end` after every epoch) or, equivalently, ``collect_every=steps_per_epoch,
+start_step=start_epoch * steps_per_epoch`` (what ``experiments`` builds).  Per-step collection
+gathers highly correlated iterates: with ``rank=20`` the deviation matrix then spans the last 20
+steps, a much smaller and differently shaped covariance than 20 epochs'.  The default stays
+per-step because callers that count steps (``start_step``, ``collect_every`` in steps) rely on it.
 Sampling (Maddox et al. eq. 1 and Sec. 4.2)::
 
     SWAG-Diag:  theta = theta_bar + scale * Sigma_diag^{1/2} z
@@ -138,7 +148,8 @@ class SWAG:
     When the weights are collected (:meth:`collect`, which you may also call yourself):
 
     * ``collect="step"`` (default): on every ``collect_every``-th :meth:`step` after
-      ``start_step`` steps;
+      ``start_step`` steps -- with the defaults **after every step, not once per epoch as in the
+      paper** (see the module docstring); ``collect_every=steps_per_epoch`` gives the paper's rate;
     * ``collect="epoch"``: at :meth:`on_epoch_end`, once every ``collect_every`` epochs after
       ``start_epoch`` epochs -- after epoch ``e`` (counted from 1) when ``e > start_epoch`` and
       ``(e - start_epoch) % collect_every == 0``.  This is the rule of the paper (moments
@@ -441,8 +452,9 @@ def f_swag(
 ) -> SWAG:
     """F-SWAG (``diag_only=False``) / F-SWAG-Diag: SWAG moments of SAM-trained weights (paper Sec. 4).
 
-    ``collect="epoch"`` with the default ``start_epoch=161`` is the authors' schedule (flat_bnn
-    README: ``--swa_start=161`` of ``--epochs=300``, ``--cov_mat``); see :class:`SWAG`.
+    The default ``collect="step"`` collects after every step; ``collect="epoch"`` with the default
+    ``start_epoch=161`` is the authors' schedule (flat_bnn README: ``--swa_start=161`` of
+    ``--epochs=300``, ``--cov_mat``); see :class:`SWAG`.
     """
     sam = SAM(params, base_optimizer, rho, model=model, **base_kwargs)
     return SWAG(
