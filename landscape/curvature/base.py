@@ -23,6 +23,7 @@ Every operator exposes ``shape``, ``dtype``, ``device``, ``@``, ``matvec``, ``ma
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,42 @@ def _all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
+@contextlib.contextmanager
+def _no_mha_fastpath():
+    mha = torch.backends.mha
+    mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        mha.set_fastpath_enabled(True)
+
+
+def math_attention() -> contextlib.AbstractContextManager:
+    """Differentiable attention for the duration of a product: scaled-dot-product attention on the
+    math backend, and no fused inference path of ``nn.MultiheadAttention`` / ``nn.Transformer*``.
+
+    The flash and memory-efficient SDPA kernels (the CPU default for ``nn.MultiheadAttention``) have
+    neither forward-mode AD nor a double backward (torch 2.13: "derivative for
+    aten::_scaled_dot_product_flash_attention_for_cpu_backward is not implemented"), and the fused
+    eval-mode encoder layer (``aten::_transformer_encoder_layer_fwd``, taken when the parameters do
+    not require grad, as under ``torch.func.jvp``) has no forward-mode AD; Hessian, GGN and Fisher
+    products need both.  The math backend is built from differentiable ops.  Models without
+    attention are unaffected; nothing is switched when it is off already."""
+    stack = contextlib.ExitStack()
+    mha = getattr(torch.backends, "mha", None)
+    if mha is not None and hasattr(mha, "get_fastpath_enabled") and mha.get_fastpath_enabled():
+        stack.enter_context(_no_mha_fastpath())
+    cb = torch.backends.cuda
+    fused = [getattr(cb, f"{n}_sdp_enabled", lambda: False)() for n in ("flash", "mem_efficient", "cudnn")]
+    if any(fused) or not cb.math_sdp_enabled():
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+        except ImportError:  # pragma: no cover - torch without torch.nn.attention
+            return stack
+        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+    return stack
+
+
 class CurvatureOperator:
     """Base class: a symmetric ``p x p`` curvature matrix at a fixed point, applied matrix-free.
 
@@ -50,13 +87,13 @@ class CurvatureOperator:
     """
 
     name = "curvature"
-    _per_example = False  # built from per-example gradients (undefined for a random forward)
+    _uses_per_example = False  # built from per-example gradients (undefined for a random forward)
 
     def __init__(self, objective: Objective, params: Any = None) -> None:
         if not isinstance(objective, Objective):
             raise TypeError(f"expected a landscape.Objective, got {type(objective).__name__}")
         # non-finite data, or a forward drawing random numbers without stochastic="fixed": refuse
-        objective._require_fixed(self.name.replace("_", " "), per_example=self._per_example)
+        objective._require_fixed(self.name.replace("_", " "), per_example=self._uses_per_example)
         self.objective = objective
         full = objective._merge(params)
         # private copies: products never touch (or alias) the caller's parameters
@@ -111,8 +148,8 @@ class CurvatureOperator:
         # every module slot exactly once (``Objective._functional``) and never call ``.backward`` on
         # the model, so only the train/eval flags need restoring (every module's, also those the
         # forward switches itself): a full ``guard()`` snapshot per product would cost a copy of the
-        # model every time.
-        with self.objective._evaluating():
+        # model every time.  Attention runs on the math SDPA backend (second-order AD, see above).
+        with self.objective._evaluating(), math_attention():
             out = self._matmat(V)
         out = self.objective._all_reduce(out)
         self._check_finite(out)

@@ -34,6 +34,7 @@ import torch
 from torch.func import grad as func_grad
 from torch.func import jvp, vmap
 
+from landscape.curvature.base import math_attention
 from landscape.objective import Objective
 
 __all__ = ["HVPEngine", "ENGINES"]
@@ -54,6 +55,11 @@ class HVPEngine:
         cache_graph: keep the gradient graph of a single-batch objective between calls
             (double backward); ``"auto"``: when the objective has one batch.
         fd_eps: relative step of the finite-difference engine (default ``eps^(1/3)`` of the dtype).
+        copy: keep private copies of the point (``False``: use ``params`` as given, for a caller
+            that holds private copies already, e.g. :class:`~landscape.curvature.HessianOperator`).
+
+    Products run attention on the math SDPA backend (:func:`~landscape.curvature.base.math_attention`):
+    the fused kernels have no double backward.
     """
 
     def __init__(
@@ -65,6 +71,7 @@ class HVPEngine:
         chunk_size: int | None = 32,
         cache_graph: bool | str = "auto",
         fd_eps: float | None = None,
+        copy: bool = True,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -76,8 +83,9 @@ class HVPEngine:
         self.chunk_size = chunk_size
         self.fd_eps = fd_eps
         full = objective._merge(params)
-        self._theta = {n: full[n].detach().clone() for n in objective.param_names}
-        self._frozen = {n: t.detach().clone() for n, t in full.items() if n not in self._theta}
+        own = (lambda t: t.detach().clone()) if copy else (lambda t: t.detach())
+        self._theta = {n: own(full[n]) for n in objective.param_names}
+        self._frozen = {n: own(t) for n, t in full.items() if n not in self._theta}
         if cache_graph == "auto":
             cache_graph = len(objective.batch_sizes) == 1
         self.cache_graph = bool(cache_graph)
@@ -119,7 +127,7 @@ class HVPEngine:
         """``H @ V`` for ``V`` of shape ``[p, k]`` (local data; no all-reduce here)."""
         if self.engine == "auto" and self.objective.device.type != "cpu" and self.fallback_reason is None:
             self.engine_used = "forward_over_reverse" if V.shape[1] >= AUTO_BLOCK else "double_backward"
-        with self.objective._evaluating():
+        with self.objective._evaluating(), math_attention():
             if self.engine_used == "forward_over_reverse" and self.engine == "auto":
                 try:
                     return self._forward_over_reverse(V)
@@ -155,16 +163,18 @@ class HVPEngine:
             def hv(t, g=g):
                 return jvp(g, (self._theta,), (t,))[1]
 
-            if k == 1 or obj._fixed_rng:
-                # one probe: no vmap overhead.  stochastic="fixed": every forward re-seeds, but a
-                # random op under vmap may draw its mask differently (on CUDA dropout is not the
-                # fused kernel there), so the probes go one by one through the plain forward
+            if k == 1:  # one probe: no vmap overhead, no stacked copy
+                col = hv({n: t[0] for n, t in tangents.items()})
+                flat = torch.cat([col[n].reshape(-1) for n in obj.param_names]).unsqueeze(1)
+            elif obj._fixed_rng:
+                # stochastic="fixed": every forward re-seeds, but a random op under vmap may draw its
+                # mask differently (on CUDA dropout is not the fused kernel there), so the probes go
+                # one by one through the plain forward
                 cols = [hv({n: t[j] for n, t in tangents.items()}) for j in range(k)]
-                res = {n: torch.stack([c[n] for c in cols]) for n in cols[0]}
+                flat = self._join({n: torch.stack([c[n] for c in cols]) for n in cols[0]}, k)
             else:
-                res = vmap(hv, chunk_size=self.chunk_size)(tangents)
-            flat = self._join(res, k)
-            out = flat if out is None else out + flat
+                flat = self._join(vmap(hv, chunk_size=self.chunk_size)(tangents), k)
+            out = flat if out is None else out.add_(flat)
         return out
 
     def _build_graph(self, bufs, x, y, w):
@@ -183,29 +193,57 @@ class HVPEngine:
             return
         offsets = self._offsets
         for j in range(V.shape[1]):
-            v = V[:, j]
-            vs = [v[offsets[i] : offsets[i + 1]].view_as(leaves[i]) for i in idx]
-            hv = torch.autograd.grad(
-                grads, [leaves[i] for i in idx], grad_outputs=vs, retain_graph=True, allow_unused=True
-            )
+            hv = self._hv(graph, V[:, j])
             col = out[:, j]
             for i, h in zip(idx, hv):
                 if h is not None:
                     col[offsets[i] : offsets[i + 1]] += h.reshape(-1)
 
-    def _double_backward(self, V: torch.Tensor) -> torch.Tensor:
+    def _hv(self, graph, v: torch.Tensor) -> tuple:
+        """``H_b v`` for the parameters ``idx`` of the graph (entries may be None: no dependence)."""
+        leaves, grads, idx = graph
+        offsets = self._offsets
+        vs = [v[offsets[i] : offsets[i + 1]].view_as(leaves[i]) for i in idx]
+        return torch.autograd.grad(
+            grads, [leaves[i] for i in idx], grad_outputs=vs, retain_graph=True, allow_unused=True
+        )
+
+    def _hv_flat(self, graph, v: torch.Tensor) -> torch.Tensor:
+        """``H_b v`` as one flat ``[p]`` vector: one ``cat`` (zeros where ``H_b`` has no rows)."""
+        leaves, grads, idx = graph
+        parts: list[torch.Tensor | None] = [None] * len(leaves)
+        if grads:
+            for i, h in zip(idx, self._hv(graph, v)):
+                parts[i] = h
+        return torch.cat(
+            [
+                h.reshape(-1) if h is not None else torch.zeros_like(leaves[i]).reshape(-1)
+                for i, h in enumerate(parts)
+            ]
+        )
+
+    def _graphs(self):
         obj = self.objective
-        out = torch.zeros_like(V)
         if self.cache_graph:
             if self._graph is None:
                 bufs = obj.buffers()
                 self._graph = [self._build_graph(bufs, x, y, w) for x, y, w in obj.batches()]
-            for graph in self._graph:
-                self._apply_graph(graph, V, out)
-            return out
+            yield from self._graph
+            return
         bufs = obj.buffers()
         for x, y, w in obj.batches():
-            graph = self._build_graph(bufs, x, y, w)
+            yield self._build_graph(bufs, x, y, w)
+
+    def _double_backward(self, V: torch.Tensor) -> torch.Tensor:
+        if V.shape[1] == 1:  # one vector: one cat per batch, added in place
+            flat = None
+            for graph in self._graphs():
+                h = self._hv_flat(graph, V[:, 0])
+                flat = h if flat is None else flat.add_(h)
+                del graph  # uncached: free this batch's graph before the next one is built
+            return flat.unsqueeze(1)
+        out = torch.zeros_like(V)
+        for graph in self._graphs():
             self._apply_graph(graph, V, out)
             del graph
         return out

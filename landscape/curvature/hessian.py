@@ -35,6 +35,7 @@ class HessianOperator(CurvatureOperator):
             chunk_size=chunk_size,
             cache_graph=cache_graph,
             fd_eps=fd_eps,
+            copy=False,  # the operator's own private copies: no second copy of the point
         )
 
     @property
