@@ -48,7 +48,8 @@ _WHICH = ("largest", "smallest", "largest_magnitude")
 
 @dataclass
 class EigenResult(Result):
-    """Eigenpairs with their true residuals ``||A v - lambda v||`` and honest converged flags."""
+    """Eigenpairs with their residuals ``||A v - lambda v||`` (true ones, or the Lanczos recurrence's
+    where ``config["residuals"] == "recurrence"``) and honest converged flags."""
 
     values: torch.Tensor | None = None
     vectors: torch.Tensor | None = None
