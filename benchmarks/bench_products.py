@@ -18,32 +18,29 @@ median of the rounds is reported, and its ratio to the median of one plain gradi
 (``torch.autograd.grad`` of the batch loss) and to the fastest peer of the same product.  Compile
 time of the compiled operators is excluded and reported separately.
 
-Memory: each method runs in its own process (``--one METHOD``): after the model, the data and the
-probe are set up and the method's library is imported and torch's autograd / ``torch.func``
-machinery has run once on a toy (one-time initialisation is not the method's memory), free heap
-is returned to the OS (``malloc_trim``) and the peak RSS is reset (``/proc/self/clear_refs``);
-the peak (``VmHWM``) minus the RSS at that moment covers building the method's operator and two
-products.  Where ``clear_refs`` is not writable it is ``ru_maxrss`` minus the RSS after setup.
+Memory (``benchmarks/_memory.py``): on CPU the peak RSS of each method in its own process over
+building it and two products, glibc's mmap threshold fixed so that freed tensors leave the RSS,
+``--memory-repeats`` times interleaved over the methods, median reported; on CUDA
+``torch.cuda.max_memory_allocated`` in this process (``--cuda-memory process`` for child processes).
+On a machine shared with other jobs use ``--threads 1``: with more threads than free cores, torch's
+thread pool waits on descheduled workers and timings degrade by an order of magnitude, unevenly
+across methods.
 
-On CUDA the peak is ``torch.cuda.max_memory_allocated`` over building the method and two products,
-in this process (``--cuda-memory process`` for child processes).  On a machine shared with other
-jobs use ``--threads 1``: with more threads than free cores, torch's thread pool waits on
-descheduled workers and timings degrade by an order of magnitude, unevenly across methods.
+The targets (``benchmarks/_summary.py``: GGN vs curvlinops and the floor, HVP vs PyHessian, every
+product's peak memory within ``1.2x`` the best peer's, compiled equal to eager) are checked on the
+rows, written to the JSON as ``summary`` and printed.
 
     python benchmarks/bench_products.py [--quick] [--models resnet20,mlp] [--device cpu|cuda]
         [--dtype float32|float64] [--repeats 5] [--threads 1] [--no-compile] [--no-memory]
-        [--no-spectra] [--methods ggn,gradient] [--batch-size 32]
+        [--no-spectra] [--methods ggn,gradient] [--batch-size 32] [--memory-repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gc
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,13 +51,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import landscape as ls  # noqa: E402
+from benchmarks import _memory as memory  # noqa: E402
 from benchmarks import _peers as peers  # noqa: E402
+from benchmarks import _summary  # noqa: E402
 from benchmarks._models import MODELS, Problem, make_problem  # noqa: E402
 from benchmarks._runner import RESULTS_DIR, format_table, machine_info, sync  # noqa: E402
 from landscape.curvature.compiled import compile_operator  # noqa: E402
 from landscape.io import atomic_write_json  # noqa: E402
 
-PEERS = ("pyhessian", "curvlinops", "eigenthings")
+PEERS = _summary.PEERS
 REFERENCE = {
     "hessian": "landscape double_backward",
     "ggn": "landscape ggn forward",
@@ -91,7 +90,7 @@ def _ours_compiled(kind: str):
         eager = ls.hessian(obj, engine="forward_over_reverse") if kind == "hessian" else ls.ggn(obj)
         op = compile_operator(eager)
         cfg = op.config()
-        info = {"object": op, "compile_s": cfg["compile_seconds"]}
+        info = {"object": op, "compile_s": cfg["compile_seconds"], "eager": eager}
         if not cfg["compiled"]:
             info["note"] = f"eager fallback: {cfg['compile_error']}"
         return (lambda: op @ v), info
@@ -99,14 +98,20 @@ def _ours_compiled(kind: str):
     return build
 
 
-def _ours_ef(pr: Problem, v: torch.Tensor, obj):
-    op = ls.empirical_fisher(obj)
-    return (lambda: op @ v), {"object": op}
+def _ours_ef(method: str):
+    def build(pr: Problem, v: torch.Tensor, obj):
+        op = ls.empirical_fisher(obj, method=method)
+        return (lambda: op @ v), {"object": op}
+
+    return build
 
 
-def _ours_mc(pr: Problem, v: torch.Tensor, obj):
-    op = ls.fisher(obj, samples=1, seed=0)
-    return (lambda: op @ v), {"object": op}
+def _ours_mc(method: str):
+    def build(pr: Problem, v: torch.Tensor, obj):
+        op = ls.fisher(obj, samples=1, seed=0, method=method)
+        return (lambda: op @ v), {"object": op}
+
+    return build
 
 
 def _peer(build):
@@ -129,17 +134,17 @@ METHODS: dict[str, tuple[str, str, Any]] = {
     "floor jvp+H+cached vjp": ("ggn", "floor", _peer(peers.ggn_floor)),
     "curvlinops GGNLinearOperator": ("ggn", "curvlinops", _peer(peers.curvlinops("ggn"))),
     "eigenthings GGNOperator": ("ggn", "eigenthings", _peer(peers.eigenthings("ggn"))),
-    "landscape empirical_fisher": ("ef", "landscape", _ours_ef),
+    "landscape empirical_fisher": ("ef", "landscape", _ours_ef("output_space")),
+    "landscape empirical_fisher per_example": ("ef", "landscape", _ours_ef("per_example")),
     "curvlinops EFLinearOperator": ("ef", "curvlinops", _peer(peers.curvlinops("ef"))),
     "eigenthings EmpiricalFisherOperator": ("ef", "eigenthings", _peer(peers.eigenthings("ef"))),
-    "landscape fisher (MC, 1 sample)": ("mc", "landscape", _ours_mc),
+    "landscape fisher (MC, 1 sample)": ("mc", "landscape", _ours_mc("output_space")),
+    "landscape fisher (MC, 1 sample) per_example": ("mc", "landscape", _ours_mc("per_example")),
     "curvlinops FisherMCLinearOperator": ("mc", "curvlinops", _peer(peers.curvlinops("mc", seed=0))),
 }
 
 
-def _short(err: BaseException) -> str:
-    lines = [ln for ln in str(err).splitlines() if ln.strip()]
-    return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+_short = memory.short
 
 
 def _setup(args, name: str) -> tuple[Problem, torch.Tensor, Any]:
@@ -167,128 +172,48 @@ def _selected(args) -> list[str]:
     return chosen
 
 
-def _cuda_memory_inprocess(args, pr: Problem, v: torch.Tensor, obj, method: str) -> dict[str, Any]:
-    """``torch.cuda.max_memory_allocated`` over building ``method`` and two products, minus the
-    allocation before (exact for the caching allocator; nothing else of the run is alive then)."""
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    out: dict[str, Any] = {"how": "torch.cuda.max_memory_allocated - allocated before (same process)"}
-    try:
-        product, info = METHODS[method][2](pr, v, obj)
-        product()
-        product()
-        torch.cuda.synchronize()
-        del product, info
-    except Exception as err:  # noqa: BLE001
-        out["error"] = _short(err)
-    out["peak_cuda_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-    return out
-
-
-# ------------------------------------------------------------------------------------ memory
-def _status_kb(key: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _warm_machinery(lib: str) -> None:
-    """Import the method's library and run autograd, double backward and torch.func once on a toy,
-    so that one-time initialisation (imports, thread pools, kernel registries) is not counted."""
-    import importlib
-
-    for mod in {
-        "pyhessian": ["pyhessian"],
-        "curvlinops": ["curvlinops"],
-        "eigenthings": ["hessian_eigenthings"],
-    }.get(lib, []):
-        importlib.import_module(mod)
-    w = torch.ones(3, requires_grad=True)
-    (g,) = torch.autograd.grad((w**3).sum(), w, create_graph=True)
-    torch.autograd.grad(g.sum(), w)
-    f = torch.func.grad(lambda t: (t**3).sum())
-    torch.func.vmap(lambda u: torch.func.jvp(f, (w.detach(),), (u,))[1])(torch.eye(3))
-
-
 def _one(args) -> None:
     """Child process: peak memory of one method (prints one JSON line)."""
-    import ctypes
-    import resource
-
     (name,) = args.models
-    pr, v, obj = _setup(args, name)
     _, lib, build = METHODS[args.one]
-    _warm_machinery(lib)
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
-    base_kb = _status_kb("VmRSS") or 0
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        how = "VmHWM - VmRSS after setup (peak reset via /proc/self/clear_refs)"
-    except OSError:
-        how = "ru_maxrss - VmRSS after setup (peak not resettable: includes setup peaks)"
-    cuda = torch.device(args.device).type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        cuda_base = torch.cuda.memory_allocated()
-    out: dict[str, Any] = {"method": args.one, "how": how}
-    try:
-        product, _ = build(pr, v, obj)
-        product()
-        product()
-        sync(args.device)
-    except Exception as err:  # noqa: BLE001 - report, do not crash the parent
-        out["error"] = _short(err)
-    peak_kb = (
-        _status_kb("VmHWM") if "clear_refs" in how else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    )
-    out["peak_rss_mb"] = max(0, (peak_kb or 0) - base_kb) / 1024
-    if cuda:
-        out["peak_cuda_mb"] = (torch.cuda.max_memory_allocated() - cuda_base) / 2**20
-    print("RESULT_JSON " + json.dumps(out))
+    memory.child(args.one, lib, build, lambda: _setup(args, name), args.device)
 
 
 def _memory(args, name: str, method: str) -> dict[str, Any]:
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--one",
-        method,
-        "--models",
-        name,
-        "--device",
-        args.device,
-        "--dtype",
-        args.dtype,
-        "--seed",
-        str(args.seed),
-        "--threads",
-        str(torch.get_num_threads()),
-    ]
+    argv = ["--one", method, "--models", name, "--device", args.device, "--dtype", args.dtype]
+    argv += ["--seed", str(args.seed), "--threads", str(torch.get_num_threads())]
     if args.quick:
-        cmd.append("--quick")
+        argv.append("--quick")
     if args.batch_size:
-        cmd += ["--batch-size", str(args.batch_size)]
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.memory_timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"memory run timed out after {args.memory_timeout} s"}
-    for line in res.stdout.splitlines():
-        if line.startswith("RESULT_JSON "):
-            return json.loads(line[len("RESULT_JSON ") :])
-    tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-    return {"error": f"memory run failed: {tail[0][:200]}"}
+        argv += ["--batch-size", str(args.batch_size)]
+    return memory.in_child(Path(__file__).resolve(), argv, args.memory_timeout)
+
+
+def _measure_memory(args, name: str, rows: dict[str, dict], pr, v, obj, inprocess: bool) -> None:
+    """Peak memory of every row's method, ``--memory-repeats`` rounds interleaved, median kept."""
+    todo = [m for m in rows if "compiled" not in m]
+    for m in rows:
+        if m not in todo:
+            rows[m]["mem_note"] = "not measured (compile in a child process)"
+    runs: dict[str, list[dict]] = {m: [] for m in todo}
+    for rep in range(1 if inprocess else args.memory_repeats):
+        for m in todo:
+            mem = memory.cuda_inprocess(METHODS[m][2], pr, v, obj) if inprocess else _memory(args, name, m)
+            runs[m].append(mem)
+            print(
+                f"  memory {rep + 1} {m:40s} {mem.get('peak_rss_mb')} MB {mem.get('error', '')}", flush=True
+            )
+    for m, mems in runs.items():
+        row = rows[m]
+        for key, out in (("peak_rss_mb", "peak_mb"), ("peak_cuda_mb", "peak_cuda_mb")):
+            vals = [x[key] for x in mems if x.get(key) is not None and "error" not in x]
+            if vals:
+                row[out] = statistics.median(vals)
+                row[out + "_runs"] = vals
+        errors = [x["error"] for x in mems if "error" in x]
+        if errors:
+            row.setdefault("error", errors[0])
+        row["mem_how"] = mems[0].get("how")
 
 
 # ------------------------------------------------------------------------------------ one model
@@ -299,6 +224,7 @@ def bench_model(args, name: str) -> tuple[list[dict], dict]:
     rows: dict[str, dict] = {}
     fns: dict[str, Any] = {}
     results: dict[str, torch.Tensor] = {}
+    infos: dict[str, dict] = {}
     for m in _selected(args):
         kind, lib, build = METHODS[m]
         row = {"model": name, "params": p, "product": kind, "method": m, "library": lib}
@@ -309,6 +235,7 @@ def bench_model(args, name: str) -> tuple[list[dict], dict]:
             results[m] = product().detach()
             sync(args.device)
             fns[m] = product
+            infos[m] = info
             row.update({k: val for k, val in info.items() if k in ("compile_s", "note")})
         except Exception as err:  # noqa: BLE001 - a method that fails is a result
             row["error"] = _short(err)
@@ -332,22 +259,17 @@ def bench_model(args, name: str) -> tuple[list[dict], dict]:
             continue
         a, b = results[m].to(torch.float64), results[ref].to(torch.float64)
         row["rel_err"] = float((a - b).norm() / b.norm()) if float(b.norm()) > 0 else float((a - b).norm())
+    for m, row in rows.items():  # compiled products against their own eager operator
+        eager = infos.get(m, {}).get("eager")
+        if eager is not None and m in results:
+            want = (eager @ v).detach().to(torch.float64)
+            row["rel_err_eager"] = float((results[m].to(torch.float64) - want).norm() / want.norm())
+    infos.clear()
     inprocess = args.memory and torch.device(args.device).type == "cuda" and args.cuda_memory == "inprocess"
     if inprocess:
         fns.clear()  # free every built operator before measuring one at a time
     if args.memory:
-        for m, row in rows.items():
-            if "compiled" in m:
-                row["mem_note"] = "not measured (compile in a child process)"
-                continue
-            mem = _cuda_memory_inprocess(args, pr, v, obj, m) if inprocess else _memory(args, name, m)
-            row["peak_mb"] = mem.get("peak_rss_mb")
-            if "peak_cuda_mb" in mem:
-                row["peak_cuda_mb"] = mem["peak_cuda_mb"]
-            if "error" in mem:
-                row.setdefault("error", mem["error"])
-            row["mem_how"] = mem.get("how")
-            print(f"  memory {m:40s} {row.get('peak_mb')} MB {mem.get('error', '')}", flush=True)
+        _measure_memory(args, name, rows, pr, v, obj, inprocess)
     _ratios(list(rows.values()))
     spectra, reference = ([], {})
     if args.spectra:
@@ -397,6 +319,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory processes")
     ap.add_argument("--no-spectra", dest="spectra", action="store_false", help="skip eigenvalues/trace")
     ap.add_argument("--memory-timeout", type=float, default=1800.0)
+    ap.add_argument("--memory-repeats", type=int, default=3, help="memory processes per method (median)")
     ap.add_argument(
         "--cuda-memory",
         choices=["process", "inprocess"],
@@ -431,8 +354,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; choose from {','.join(MODELS)}")
-    if args.repeats < 1:
-        ap.error("--repeats must be >= 1")
+    if args.repeats < 1 or args.memory_repeats < 1:
+        ap.error("--repeats and --memory-repeats must be >= 1")
     if args.one is not None and (args.one not in METHODS or len(args.models) != 1):
         ap.error(f"--one takes one of {list(METHODS)} and exactly one --models entry")
     return args
@@ -447,6 +370,7 @@ def _markdown(rows: list[dict]) -> str:
         "x_gradient",
         "x_best_peer",
         "rel_err",
+        "rel_err_eager",
         "peak_mb",
         "mem_x_best_peer",
         "compile_s",
@@ -494,7 +418,9 @@ def _run(args) -> Path:
         "spectra": spectra,
         "spectra_reference": references,
     }
+    payload["summary"] = _summary.summarize(rows)
     print("\n" + _markdown(rows))
+    print("\n" + _summary.markdown(payload["summary"]))
     if spectra:
         print(
             "\n"

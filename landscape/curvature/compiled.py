@@ -38,7 +38,7 @@ import torch
 from torch.func import grad as func_grad
 from torch.func import jvp, vjp, vmap
 
-from landscape.curvature.base import CurvatureOperator
+from landscape.curvature.base import CurvatureOperator, math_attention
 from landscape.curvature.ggn import GGNOperator
 from landscape.curvature.hessian import HessianOperator
 from landscape.curvature.output_hessian import output_hessian
@@ -230,7 +230,7 @@ class CompiledOperator(CurvatureOperator):
         gen = torch.Generator().manual_seed(self.seed)
         probe = torch.randn(self.shape[0], 1, generator=gen, dtype=torch.float64)
         probe = probe.to(device=self.device, dtype=self.dtype)
-        with self.objective._evaluating():
+        with self.objective._evaluating(), math_attention():
             try:
                 out = self._run(probe)
             except Exception as err:  # noqa: BLE001 - any compile failure: eager from now on
