@@ -41,4 +41,19 @@ print(ls.eigenvalues(ls.hessian(obj), k=5).values, ls.trace(obj).ci(0.95))
 print(ls.sharpness_report(obj, measures=["lambda_max", "hessian_trace", "worst_case"]))""",
     language="python",
 )
+st.markdown(
+    """
+**Links that preset a page.** The pages keep their main selection in the address bar, so a view can
+be shared as a link; a value a page cannot use falls back to its default with a warning that lists
+the accepted values. Lists are comma-separated, `all` selects every option.
+
+| page | parameters | example |
+|---|---|---|
+| Optimizer playground | `problem`, `optimizers`, `steps` | `Optimizer_playground?problem=himmelblau&optimizers=all` |
+| Smoothed objectives | `problem`, `rho`, `resolution` | `Smoothed_objectives?problem=rosenbrock&rho=2` |
+| Network landscape | `optimizers`, `model`, `epochs`, `analyses` | `Network_landscape?optimizers=all&epochs=2` |
+| Curvature monitor | `preset` (`cross_entropy`, `edge_of_stability`) | `Curvature_monitor?preset=edge_of_stability` |
+| Flatness study | `target` (`gap_error`, `test_error`, `ood_error`) | `Flatness_study?target=test_error` |
+"""
+)
 st.caption("Pages are listed in the sidebar. Source, tests and benchmarks: see the README.")

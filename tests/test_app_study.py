@@ -113,6 +113,24 @@ def test_page_changed_widgets(csv: pd.DataFrame) -> None:
     assert spec["layout"]["xaxis4"]["domain"] == spec["layout"]["xaxis"]["domain"]
 
 
+def test_page_every_target_from_the_url(csv: pd.DataFrame) -> None:
+    """?target=...: each target of the committed population; the taus are scipy's on its columns."""
+    for target in sv.targets_of(csv):
+        at = AppTest.from_file(PAGE, default_timeout=60)
+        at.query_params["target"] = target
+        at.session_state["study_samples"] = 200
+        at.run()
+        _no_errors(at)
+        assert not at.warning and at.selectbox[0].value == target
+        y = csv[target].to_numpy(float)
+        for _, row in at.dataframe[0].value.iterrows():
+            tau = kendalltau(csv[row["measure"]].to_numpy(float), y).statistic
+            assert row["tau"] == pytest.approx(tau, abs=1e-12), (target, row["measure"])
+        (spec,) = _charts(at)
+        np.testing.assert_array_equal(_arr(spec["data"][0]["y"]), y)
+        assert at.query_params["target"] == target
+
+
 def test_page_missing_directory_is_a_message(tmp_path: Path) -> None:
     at = AppTest.from_file(PAGE, default_timeout=60)
     at.run()

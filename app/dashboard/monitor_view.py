@@ -3,12 +3,19 @@ and record the sharpness ``lambda_max(H)`` every few steps with
 :class:`landscape.curvature.monitor.CurvatureMonitor`, against the stability threshold ``2 / lr``
 (Cohen et al., "Gradient descent on neural networks typically occurs at the edge of stability",
 ICLR 2021, Sec. 3). No Streamlit here, so tests call it directly.
+
+Two presets (:data:`PRESETS`): the cross-entropy default, where lambda_max stays well below 2/lr in
+a short run, and the edge-of-stability setting of ``docs/make_eos_figure.py`` (MSE on one-hot
+targets, tanh MLP 64-32-32-10, 500 examples, lr 2), where lambda_max rises to 2/lr by about step 200,
+overshoots and then stays within a few per cent of it (Cohen et al. 2021, Fig. 1 uses MSE likewise).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +29,41 @@ from landscape.curvature.monitor import CurvatureMonitor, MonitorResult
 from .experiments_view import color_of
 from .layout import LEGEND_BELOW
 
-__all__ = ["MonitorRun", "initial_problem", "run_monitor", "sharpness_figure", "loss_figure", "history_rows"]
+__all__ = [
+    "LOSSES",
+    "PRESETS",
+    "MonitorRun",
+    "initial_problem",
+    "loss_function",
+    "run_monitor",
+    "sharpness_figure",
+    "loss_figure",
+    "history_rows",
+    "edge_summary",
+]
+
+#: loss name -> what the page calls it
+LOSSES: dict[str, str] = {"cross_entropy": "cross-entropy", "mse": "MSE (one-hot targets)"}
+
+#: preset name -> (label, settings of :func:`run_monitor`)
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "cross_entropy": (
+        "cross-entropy, short run",
+        {
+            "loss": "cross_entropy",
+            "lr": 2.0,
+            "steps": 60,
+            "every": 10,
+            "hidden": 16,
+            "layers": 1,
+            "n_train": 256,
+        },
+    ),
+    "edge_of_stability": (
+        "edge of stability (MSE, 800 steps)",
+        {"loss": "mse", "lr": 2.0, "steps": 800, "every": 10, "hidden": 32, "layers": 2, "n_train": 500},
+    ),
+}
 
 
 @dataclass
@@ -35,12 +76,57 @@ class MonitorRun:
     config: dict[str, Any]
 
 
-def initial_problem(*, hidden: int, n_train: int, seed: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The MLP 64-``hidden``-10 (tanh, float64, initialised with ``seed``) and the first ``n_train``
-    examples of the digits training split (split seeded with ``seed``)."""
+_THREADS_LOCK = threading.Lock()
+_THREADS_STATE = {"users": 0, "saved": 1}
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int | None) -> Iterator[None]:
+    """Run with ``torch.set_num_threads(n)`` and restore the previous setting afterwards (``None``:
+    leave it). The setting is global to the process: overlapping users (two dashboard sessions)
+    share one count and the last one out restores the original value."""
+    if n is None:
+        yield
+        return
+    with _THREADS_LOCK:
+        if _THREADS_STATE["users"] == 0:
+            _THREADS_STATE["saved"] = torch.get_num_threads()
+            torch.set_num_threads(n)
+        _THREADS_STATE["users"] += 1
+    try:
+        yield
+    finally:
+        with _THREADS_LOCK:
+            _THREADS_STATE["users"] -= 1
+            if _THREADS_STATE["users"] == 0:
+                torch.set_num_threads(_THREADS_STATE["saved"])
+
+
+def _check_loss(loss: str) -> None:
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose from {list(LOSSES)}")
+
+
+def initial_problem(
+    *, hidden: int, n_train: int, seed: int, layers: int = 1, loss: str = "cross_entropy"
+) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The MLP 64-``hidden``-...-10 with ``layers`` hidden layers (tanh, float64, initialised with
+    ``seed``) and the first ``n_train`` examples of the digits training split (split seeded with
+    ``seed``); the targets are the labels for cross-entropy and their one-hot vectors for MSE."""
+    _check_loss(loss)
     x, y = ls.data.load_digits("train", seed=seed, dtype=torch.float64)
-    model = ls.models.model_factory("mlp", sizes=[64, hidden, 10], activation="tanh", seed=seed).double()
-    return model, x[:n_train], y[:n_train]
+    sizes = [64] + [hidden] * layers + [10]
+    model = ls.models.model_factory("mlp", sizes=sizes, activation="tanh", seed=seed).double()
+    y = y[:n_train]
+    if loss == "mse":
+        y = nn.functional.one_hot(y, 10).to(torch.float64)
+    return model, x[:n_train], y
+
+
+def loss_function(loss: str) -> nn.Module:
+    """``nn.CrossEntropyLoss()`` or ``nn.MSELoss()`` (mean over the examples and the 10 outputs)."""
+    _check_loss(loss)
+    return nn.CrossEntropyLoss() if loss == "cross_entropy" else nn.MSELoss()
 
 
 def run_monitor(
@@ -51,12 +137,21 @@ def run_monitor(
     hidden: int = 16,
     n_train: int = 256,
     seed: int = 0,
+    layers: int = 1,
+    loss: str = "cross_entropy",
     max_matvecs: int = 20,
+    threads: int | None = 1,
     on_step: Callable[[float], None] | None = None,
 ) -> MonitorRun:
     """Full-batch gradient descent (``torch.optim.SGD`` without momentum, step ``lr``) on the first
-    ``n_train`` digits training examples with the MLP 64-``hidden``-10 (tanh, float64), checking
-    ``lambda_max`` of the training loss's Hessian every ``every`` steps (and at step 0).
+    ``n_train`` digits training examples with the tanh MLP of :func:`initial_problem` (float64) and
+    ``loss`` (``"cross_entropy"`` or ``"mse"``), checking ``lambda_max`` of the training loss's
+    Hessian every ``every`` steps (and at step 0).
+
+    ``threads``: torch's intra-op threads while it runs (:func:`intra_op_threads`). The networks
+    have a few thousand parameters, so more threads only add synchronisation: the edge-of-stability
+    preset took 7-17 s with one thread and 197 s with two on two cores busy with other work (the
+    numbers are bit-identical). ``None`` keeps torch's setting.
 
     ``on_step(fraction_done)`` is called after every step. A diverging run raises ``ValueError``
     with a hint to lower the learning rate."""
@@ -66,12 +161,29 @@ def run_monitor(
         ("steps", steps, 1),
         ("every", every, 1),
         ("hidden", hidden, 1),
+        ("layers", layers, 1),
         ("n_train", n_train, 10),
     ):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-    model, x, y = initial_problem(hidden=hidden, n_train=n_train, seed=seed)
-    loss_fn = nn.CrossEntropyLoss()
+    with intra_op_threads(threads):
+        return _train(lr, steps, every, hidden, n_train, seed, layers, loss, max_matvecs, on_step)
+
+
+def _train(
+    lr: float,
+    steps: int,
+    every: int,
+    hidden: int,
+    n_train: int,
+    seed: int,
+    layers: int,
+    loss: str,
+    max_matvecs: int,
+    on_step: Callable[[float], None] | None,
+) -> MonitorRun:
+    model, x, y = initial_problem(hidden=hidden, n_train=n_train, seed=seed, layers=layers, loss=loss)
+    loss_fn = loss_function(loss)
     opt = torch.optim.SGD(model.parameters(), lr=float(lr))
     monitor = CurvatureMonitor(
         (x, y), loss_fn, every=every, optimizer=opt, max_matvecs=max_matvecs, seed=seed
@@ -91,7 +203,17 @@ def run_monitor(
         monitor.step(model, step, losses[-1])
         if on_step is not None:
             on_step(step / steps)
-    config = {"lr": lr, "steps": steps, "every": every, "hidden": hidden, "n_train": n_train, "seed": seed}
+    config = {
+        "lr": lr,
+        "steps": steps,
+        "every": every,
+        "hidden": hidden,
+        "layers": layers,
+        "n_train": n_train,
+        "seed": seed,
+        "loss": loss,
+        "max_matvecs": max_matvecs,
+    }
     return MonitorRun(monitor.result(), losses, float(lr), config)
 
 
@@ -121,6 +243,23 @@ def loss_figure(run: MonitorRun) -> go.Figure:
     )
     fig.update_layout(xaxis_title="step", yaxis_title="training loss", yaxis_type="log", legend=LEGEND_BELOW)
     return fig
+
+
+def edge_summary(run: MonitorRun) -> str:
+    """One sentence: the last lambda_max as a multiple of 2/lr, and the first check at 95 % of it."""
+    checked = [h for h in run.result.history if h.get("lambda_max") is not None]
+    if not checked:
+        return "No check measured lambda_max."
+    threshold = 2.0 / run.lr
+    last = checked[-1]
+    ratio = last["lambda_max"] / threshold
+    reached = next((h["step"] for h in checked if h["lambda_max"] >= 0.95 * threshold), None)
+    where = (
+        f"λ_max first came within 5 % of 2/lr at step {reached}"
+        if reached is not None
+        else "λ_max never came within 5 % of 2/lr"
+    )
+    return f"{where}; at the last check (step {last['step']}) it is {ratio:.3f} × 2/lr."
 
 
 def history_rows(run: MonitorRun) -> list[dict[str, Any]]:

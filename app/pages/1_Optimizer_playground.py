@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import streamlit as st  # noqa: E402
 from dashboard import page_header, readable_errors, toy  # noqa: E402
+from dashboard.query import QueryPresets  # noqa: E402
 from dashboard.widgets import show_figure, show_table  # noqa: E402
 
 import toy_problems as tp  # noqa: E402
@@ -18,7 +19,8 @@ page_header(
     "Pick a 2-D problem and several optimizers: you see their paths on the contour and on the 3-D "
     "surface, the neighbourhood each SAM-type method searches for its perturbation (ball, ASAM ellipse, "
     "Fisher ellipse) with the probe it chose, the loss curves and the exact Hessian where each run ended. "
-    "The default problem is the Gaussian KL-mixture of the Fisher-SAM paper (Kim et al. 2022, Fig. 2-3).",
+    "The default problem is the Gaussian KL-mixture of the Fisher-SAM paper (Kim et al. 2022, Fig. 2-3). "
+    "The address bar keeps the selection (`?problem=himmelblau&optimizers=all&steps=100`): share the link.",
 )
 
 
@@ -27,9 +29,14 @@ def cached_run(problem: str, start: tuple[float, float], steps: int, configs: tu
     return toy.run(problem, start, steps, [(n, dict(h)) for n, h in configs])
 
 
+query = QueryPresets.from_page()
 with st.sidebar:
     problems, excluded = toy.playground_problems()
-    problem = st.selectbox("problem", problems, index=problems.index("gaussian_mixture"), key="problem")
+    hints = {
+        n: f"{n} is not drawn here ({why}; the Bayesian view page shows it)" for n, why in excluded.items()
+    }
+    asked = query.choice("problem", problems, "gaussian_mixture", hints=hints)
+    problem = st.selectbox("problem", problems, index=problems.index(asked), key="problem")
     for name, why in excluded.items():
         st.caption(f"Not offered here: **{name}** ({why}); the Bayesian view page shows it.")
     prob = tp.get(problem)
@@ -42,9 +49,16 @@ with st.sidebar:
     sy = c2.number_input(
         prob.axis_labels[1] + " start", value=float(settings["start"][1]), key=f"sy_{problem}"
     )
-    steps = st.slider("steps", 1, 1000, int(settings["steps"]), key=f"steps_{problem}")
+    asked_steps = query.number("steps", int(settings["steps"]), low=1, high=1000, integer=True)
+    # the URL's steps belong to the URL's problem; another problem starts from its own default
+    steps_default = asked_steps if problem == asked else int(settings["steps"])
+    steps = st.slider("steps", 1, 1000, steps_default, key=f"steps_{problem}")
+    names = list(toy.OPTIMIZERS)
     chosen = st.multiselect(
-        "optimizers", list(toy.OPTIMIZERS), default=["GD", "SAM", "FisherSAM"], key="optimizers"
+        "optimizers",
+        names,
+        default=query.choices("optimizers", names, ["GD", "SAM", "FisherSAM"]),
+        key="optimizers",
     )
     configs = []
     for name in chosen:
@@ -68,6 +82,8 @@ with st.sidebar:
         help="log10 of the loss on the contour, the 3-D view and the loss curves",
     )
 
+query.show()
+query.write_back(problem=problem, optimizers=query.encode_choices(chosen, names), steps=int(steps))
 if not chosen:
     st.info("Choose at least one optimizer in the sidebar.")
     st.stop()

@@ -12,6 +12,7 @@ import streamlit as st  # noqa: E402
 from dashboard import network as nw  # noqa: E402
 from dashboard import page_header, readable_errors  # noqa: E402
 from dashboard.layout import MAX_COLUMNS  # noqa: E402
+from dashboard.query import QueryPresets  # noqa: E402
 from dashboard.uploads import open_uploaded_surface  # noqa: E402
 from dashboard.widgets import show_figure, show_table  # noqa: E402
 
@@ -22,15 +23,24 @@ page_header(
     "solution with its training "
     "trajectory (PCA plane, Li et al. 2018), the Hessian spectrum (Lanczos + stochastic Lanczos "
     "quadrature), the loss on the line between two solutions and the sharpness measures: does SAM "
-    "find a flatter minimum here, and does it pay off?",
+    "find a flatter minimum here, and does it pay off? Links keep the selection "
+    "(`?optimizers=all&model=MLP&epochs=2&analyses=surface,spectrum`).",
 )
 
+ANALYSES = ["surface", "spectrum", "interpolation", "sharpness"]
+query = QueryPresets.from_page()
 with st.sidebar:
+    names = list(nw.NETWORK_OPTIMIZERS)
     chosen = st.multiselect(
-        "optimizers", list(nw.NETWORK_OPTIMIZERS), default=["SGD", "SAM"], key="net_optimizers"
+        "optimizers", names, default=query.choices("optimizers", names, ["SGD", "SAM"]), key="net_optimizers"
     )
-    arch = st.selectbox("model", list(nw.ARCHITECTURES), key="net_model")
-    epochs = st.slider("epochs", 1, 50, 8, key="net_epochs")
+    archs = list(nw.ARCHITECTURES)
+    arch = st.selectbox(
+        "model", archs, index=archs.index(query.choice("model", archs, "MLP")), key="net_model"
+    )
+    epochs = st.slider(
+        "epochs", 1, 50, query.number("epochs", 8, low=1, high=50, integer=True), key="net_epochs"
+    )
     hidden = st.select_slider(
         "hidden units (MLP)", [16, 32, 64], value=32, key="net_hidden", disabled=arch != "MLP"
     )
@@ -59,10 +69,7 @@ with st.sidebar:
         help="pca: the plane of the trajectory's principal directions; random: filter-normalised",
     )
     analyses = st.multiselect(
-        "analyses",
-        ["surface", "spectrum", "interpolation", "sharpness"],
-        default=["surface"],
-        key="net_analyses",
+        "analyses", ANALYSES, default=query.choices("analyses", ANALYSES, ["surface"]), key="net_analyses"
     )
     if "sharpness" in analyses:
         sharp_split = st.radio("sharpness data", ["train", "test"], horizontal=True, key="net_sharp_split")
@@ -122,6 +129,10 @@ def cached_path(_a: nw.TrainedRun, _b: nw.TrainedRun, key: tuple):
     return nw.interpolation_of(_a, _b)
 
 
+query.show()
+query.write_back(
+    optimizers=query.encode_choices(chosen, names), model=arch, epochs=int(epochs), analyses=analyses
+)
 if not chosen:
     st.info("Choose at least one optimizer in the sidebar.")
 else:

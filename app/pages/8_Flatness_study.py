@@ -11,6 +11,7 @@ sys.path.append(str(Path(__file__).resolve().parents[2]))  # experiments.study w
 import streamlit as st  # noqa: E402
 from dashboard import page_header, readable_errors  # noqa: E402
 from dashboard import study_view as sv  # noqa: E402
+from dashboard.query import QueryPresets  # noqa: E402
 from dashboard.widgets import show_figure, show_table  # noqa: E402
 
 page_header(
@@ -18,9 +19,10 @@ page_header(
     "A population of models written by `python -m experiments.study run CONFIG --out DIR` (and "
     "`report DIR`): each sharpness measure against a generalisation target, with Kendall's τ-b, its "
     "bootstrap interval and the granulated Ψ of Jiang et al. 2020, computed by "
-    "`experiments.study.correlate`.",
+    "`experiments.study.correlate`. Link to a target: `?target=test_error`.",
 )
 
+query = QueryPresets.from_page()
 with st.sidebar:
     where = st.text_input(
         "study directory or population CSV (empty: the committed example)",
@@ -40,9 +42,16 @@ if data is not None:
     if not targets or not measures:
         st.error(f"The table has no target column ({', '.join(sv.TARGET_LABELS)}) or no measure column.")
     else:
+        asked = query.choice("target", targets, targets[0])
         target = st.selectbox(
-            "target", targets, format_func=lambda t: sv.TARGET_LABELS[t], key="study_target"
+            "target",
+            targets,
+            index=targets.index(asked),
+            format_func=lambda t: sv.TARGET_LABELS[t],
+            key="study_target",
         )
+        query.show()
+        query.write_back(target=target)
         with readable_errors("correlate the measures"):
             table = sv.correlation_table(df, measures, target, samples=samples)
             st.markdown(sv.summary_text(table, target, len(df)))
