@@ -124,6 +124,23 @@ def test_experiments_changed_widgets(run_root):
     assert any("Choose at least one run" in i.value for i in at.info)
 
 
+def test_experiments_another_directory_selects_all_its_runs(run_root, tmp_path):
+    """Changing the directory does not carry the previous directory's run selection over (which
+    would leave nothing selected): the new directory's runs all start selected."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(run_root / "digits_sam_vs_sgd" / "sgd", other / "sgd")
+    at = _experiments_page(run_root)
+    at.multiselect(key="exp_runs").set_value(at.multiselect(key="exp_runs").options[:1]).run()
+    at.text_input(key="exp_root").set_value(str(other)).run()
+    _no_errors(at)
+    runs = at.multiselect(key="exp_runs")
+    assert runs.value == runs.options and len(runs.value) == 2
+    accs = [json.loads((other / o / "metrics.json").read_text())["accuracy"] for o in runs.value]
+    assert _frame(at, 0)["accuracy mean"].iloc[0] == pytest.approx(float(np.mean(accs)), rel=1e-12)
+
+
 def test_experiments_missing_directory(tmp_path):
     at = _experiments_page(tmp_path / "nowhere")
     assert not at.exception
@@ -210,6 +227,58 @@ def test_monitor_changed_widgets_against_dense_hessian():
         run_monitor(lr=-1.0)
     with pytest.raises(ValueError, match="every must be an integer"):
         run_monitor(every=0)
+
+
+def _monitor_directly(lr: float, steps: int, every: int, n: int, sizes: list[int]):
+    """Full-batch GD with MSE on one-hot digits targets and ``CurvatureMonitor``, written with the
+    library only (as docs/make_eos_figure.py does): ``(steps, lambda_max, losses)``."""
+    import landscape as ls
+    from landscape.curvature.monitor import CurvatureMonitor
+
+    x, labels = ls.data.load_digits("train", seed=0, dtype=torch.float64)
+    x, y = x[:n], torch.nn.functional.one_hot(labels[:n], 10).to(torch.float64)
+    model = ls.models.model_factory("mlp", sizes=sizes, activation="tanh", seed=0).double()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    mon = CurvatureMonitor((x, y), torch.nn.MSELoss(), every=every, optimizer=opt, max_matvecs=20, seed=0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a few thousand parameters: one thread is fastest
+    try:
+        mon.check(model, 0)
+        hist = ls.models.train(model, (x, y), opt, epochs=steps, loss_fn=torch.nn.MSELoss(), callback=mon)
+    finally:
+        torch.set_num_threads(threads)
+    st, lam = mon.result().series("lambda_max")
+    return st, lam, hist["loss"]
+
+
+def test_monitor_edge_of_stability_preset():
+    """?preset=edge_of_stability: MSE, tanh 64-32-32-10, 500 examples, lr 2, 800 steps; lambda_max
+    ends within 10 % of 2/lr (Cohen et al. 2021), and the plotted series are the library's
+    CurvatureMonitor run directly at the same settings."""
+    at = AppTest.from_file(str(APP / "pages" / "6_Curvature_monitor.py"), default_timeout=300)
+    at.query_params["preset"] = "edge_of_stability"
+    at.run()
+    _no_errors(at)
+    assert not at.warning
+    assert at.radio(key="mon_loss").value == "mse" and at.select_slider(key="mon_layers").value == 2
+    assert at.select_slider(key="mon_n").value == 500 and at.slider(key="mon_steps").value == 800
+    lam, thr = _sharpness_traces(at)
+    y = _arr(lam["y"])
+    np.testing.assert_array_equal(_arr(thr["y"]), 1.0)  # 2 / lr
+    assert abs(y[-1] / 1.0 - 1) < 0.10, y[-1]
+    assert y[0] < 0.7  # it starts well below the line: progressive sharpening, then the edge
+    steps, direct, losses = _monitor_directly(2.0, 800, 10, 500, [64, 32, 32, 10])
+    np.testing.assert_array_equal(_arr(lam["x"]), steps)
+    np.testing.assert_allclose(y, direct, rtol=1e-9)
+    loss_spec = next(c for c in _charts(at) if c["layout"]["yaxis"]["title"]["text"] == "training loss")
+    np.testing.assert_allclose(_arr(loss_spec["data"][0]["y"]), losses, rtol=1e-9)
+    assert f"{y[-1]:.3f} × 2/lr" in at.markdown[-1].value
+    # choosing the other preset moves every widget back to its settings
+    at.selectbox(key="mon_preset").select("cross_entropy").run()
+    _no_errors(at)
+    assert at.radio(key="mon_loss").value == "cross_entropy" and at.slider(key="mon_steps").value == 60
+    assert list(_frame(at, 0)["step"]) == list(range(0, 61, 10))
+    assert at.query_params["preset"] == "cross_entropy"
 
 
 # ------------------------------------------------------------------------------ paths between minima

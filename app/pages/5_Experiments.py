@@ -19,11 +19,19 @@ page_header(
     "prints it), the per-epoch training curves and reliability diagrams of the trained models.",
 )
 
+
+def new_root() -> None:
+    """Another directory: its runs start all selected (not the previous directory's selection)."""
+    for key in ("exp_runs", "exp_curves", "exp_reliability"):
+        st.session_state.pop(key, None)
+
+
 root = st.text_input(
     "directory with runs",
     value=ev.default_root(),
     key="exp_root",
     help=f"the out_dir of the runner (default runs/, or ${ev.DEFAULT_ROOT_ENV})",
+    on_change=new_root,
 )
 found: list[str] = []
 with readable_errors("list the runs"):
