@@ -232,13 +232,32 @@ class FlatSGLD(SAM):
                         p.grad.add_(p.detach(), alpha=self.decay)
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"rng_state": self.generator.get_state(), "n_steps": self.n_steps, "epoch": self.epoch}
+        """The generator, counters and the stored iterates (a resumed run averages all of them)."""
+        samples = [[t.clone() for t in s] for s in self.samples]
+        return {"rng_state": self.generator.get_state(), "n_steps": self.n_steps, "epoch": self.epoch,
+                "samples": samples}  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        params = [p for g in self.param_groups for p in g["params"]]
+        extra = state_dict.get("extra", {}) if isinstance(state_dict, dict) else {}
+        for s in extra.get("samples", []) if isinstance(extra, dict) else []:
+            if len(s) != len(params) or any(t.shape != p.shape for t, p in zip(s, params)):
+                raise ValueError(
+                    "FlatSGLD.load_state_dict: the stored samples do not match the parameters' "
+                    "shapes; load a state_dict saved by a FlatSGLD over the same model"
+                )
+        super().load_state_dict(state_dict)
 
     def _load_extra_state(self, extra: dict[str, Any]) -> None:
         if "rng_state" in extra:
             self.generator.set_state(extra["rng_state"])
         self.n_steps = extra.get("n_steps", 0)
         self.epoch = extra.get("epoch", self.epoch)
+        params = [p for g in self.param_groups for p in g["params"]]
+        stored = extra.get("samples", [])
+        self.samples.clear()
+        for s in stored:
+            self.samples.append([t.to(device=p.device, dtype=p.dtype).clone() for t, p in zip(s, params)])
 
     @torch.no_grad()
     def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor:  # type: ignore[override]
