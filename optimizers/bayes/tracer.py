@@ -63,6 +63,7 @@ remain available by passing them.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,21 @@ from optimizers.posterior import check_closure_loss, check_nonneg, check_positiv
 from optimizers.state import check_state_dict, tag_state_dict
 
 __all__ = ["SGDTracer", "AdamTracer", "TracerBase"]
+
+#: Without ``max_correction_ratio``, a ``RuntimeWarning`` when the correction first exceeds this
+#: multiple of ``||g||`` (an order of magnitude beyond the ratio 1 that the convergence theorem of
+#: Williams & Roberts 2023, App. A.3, eqs. 71 and 76, assumes: kappa < 1), and again each time it
+#: reaches a further power of 10 (so a divergence shows as a short run of warnings).
+WARN_RATIO = 10.0
+
+
+def _max_ratio(
+    gds: list[torch.Tensor], fbars: list[torch.Tensor], params: list[torch.Tensor], group_of: dict
+) -> float:
+    """The largest per-coordinate penalty term ``g_i^2 / (f_bar_i + delta)`` (for the warning)."""
+    return max(
+        float((gd.square() / (fb + group_of[p]["delta"])).max()) for gd, fb, p in zip(gds, fbars, params)
+    )
 
 
 class TracerBase(torch.optim.Optimizer):
@@ -91,6 +107,7 @@ class TracerBase(torch.optim.Optimizer):
         hvp: str = "exact",
         fd_step: float | None = None,
         model: nn.Module | None = None,
+        max_correction_ratio: float | None = None,
         **base_kwargs: Any,
     ) -> None:
         check_nonneg("lr", lr)
@@ -101,6 +118,8 @@ class TracerBase(torch.optim.Optimizer):
             raise ValueError(f"hvp must be 'exact' or 'finite_difference', got {hvp!r}")
         if fd_step is not None:
             check_positive("fd_step", fd_step)
+        if max_correction_ratio is not None:
+            check_positive("max_correction_ratio (bound on ||2 rho H v|| / ||g||)", max_correction_ratio)
         defaults = dict(lr=lr, rho=rho, beta=beta, delta=delta, **base_kwargs)
         super().__init__(params, defaults)
         self.base_optimizer = base_optimizer(self.param_groups, lr=lr, **base_kwargs)
@@ -108,6 +127,9 @@ class TracerBase(torch.optim.Optimizer):
         self.hvp = hvp
         self.fd_step = fd_step
         self.model = model
+        self.max_correction_ratio = None if max_correction_ratio is None else float(max_correction_ratio)
+        self._warn_above = WARN_RATIO  # the next ratio that warns (see WARN_RATIO)
+        self.steps = 0  # steps taken (saved in the state dict), named in the warnings and in `last`
         self.config = dict(
             base_optimizer=base_optimizer.__name__,
             lr=lr,
@@ -116,6 +138,7 @@ class TracerBase(torch.optim.Optimizer):
             delta=delta,
             hvp=hvp,
             fd_step=fd_step,
+            max_correction_ratio=max_correction_ratio,
             **base_kwargs,
         )
         self.last: dict[str, Any] = {}
@@ -158,7 +181,7 @@ class TracerBase(torch.optim.Optimizer):
                 "hvp='finite_difference' with a plain closure"
             )
         group_of = {p: g for g in self.param_groups for p in g["params"]}
-        vs, gds, fbars = [], [], []
+        vs, gds, fbars, created = [], [], [], []
         penalty = 0.0
         for p, gr in zip(params, grads):
             group = group_of[p]
@@ -166,6 +189,7 @@ class TracerBase(torch.optim.Optimizer):
             gd = gr.detach()
             if "f_bar" not in state:
                 state["f_bar"] = gd.square().clone()  # initialised with the first step's g^2
+                created.append(p)
             fb = state["f_bar"]
             denom = fb + group["delta"]
             vs.append(gd / denom)
@@ -184,26 +208,69 @@ class TracerBase(torch.optim.Optimizer):
             for p in params:
                 if p.grad is not None:
                     p.grad = p.grad.detach()
-        hv_sq = corr_sq = g_sq = 0.0
+        corrs = [2.0 * group_of[p]["rho"] * hv for p, hv in zip(params, hvs)]
+        with torch.no_grad():
+            finite = math.isfinite(float(loss.detach())) and all(
+                bool(torch.isfinite(gd).all()) and bool(torch.isfinite(c).all()) for gd, c in zip(gds, corrs)
+            )
+        if not finite:  # leave parameters, f_bar and the base optimizer's state as they were
+            for p, gd in zip(params, gds):
+                p.grad = gd
+            for p in created:
+                del self.state[p]["f_bar"]
+                if not self.state[p]:
+                    del self.state[p]
+            n_g = sum(int((~torch.isfinite(gd)).sum()) for gd in gds)
+            n_c = sum(int((~torch.isfinite(c)).sum()) for c in corrs)
+            raise FloatingPointError(
+                f"{type(self).__name__}: non-finite step (loss {float(loss.detach())}, {n_g} non-finite "
+                f"gradient entries, {n_c} non-finite entries of the correction 2 rho H v); the parameters, "
+                "f_bar and the base optimizer's state were left unchanged. Lower the learning rate or rho, "
+                "raise delta, or bound the correction with max_correction_ratio=1"
+            )
+        hv_sq = sum(float(hv.square().sum()) for hv in hvs)
+        corr_sq = sum(float(c.square().sum()) for c in corrs)
+        g_sq = sum(float(gd.square().sum()) for gd in gds)
+        grad_norm, corr_norm = math.sqrt(g_sq), math.sqrt(corr_sq)
+        ratio = corr_norm / grad_norm if grad_norm > 0 else (math.inf if corr_norm > 0 else 0.0)
+        scale = 1.0
+        if self.max_correction_ratio is not None and ratio > self.max_correction_ratio:
+            scale = self.max_correction_ratio * grad_norm / corr_norm
+        elif self.max_correction_ratio is None and ratio > self._warn_above:
+            while ratio > self._warn_above:
+                self._warn_above *= 10.0
+            warnings.warn(
+                f"{type(self).__name__} step {self.steps + 1}: the TRACER correction ||2 rho H v|| = "
+                f"{corr_norm:.4g} is {ratio:.3g} times the gradient norm ||g|| = {grad_norm:.4g}; the "
+                "convergence theorem of Williams & Roberts (2023, App. A.3) assumes a ratio below 1. The "
+                "largest per-coordinate term g_i^2/(f_bar_i + delta) is "
+                f"{_max_ratio(gds, fbars, params, group_of):.3g}: values far above 1 come from coordinates "
+                "whose gradient jumps far above its running average f_bar (e.g. rare input features), "
+                "values near or below 1 from a large rho/delta. Pass max_correction_ratio=1 to bound the "
+                "correction, or raise delta / lower rho. (Warned again only if the ratio exceeds "
+                f"{self._warn_above:.0f}.)",
+                RuntimeWarning,
+                stacklevel=3,  # step() is wrapped by torch.optim's hooks: point at the caller
+            )
         above = 0
         with torch.no_grad():
-            for p, gd, hv, fb in zip(params, gds, hvs, fbars):
+            for p, gd, corr, fb in zip(params, gds, corrs, fbars):
                 group = group_of[p]
-                corr = 2.0 * group["rho"] * hv
-                p.grad = gd + corr
+                p.grad = gd + (corr if scale == 1.0 else corr * scale)
                 fb.mul_(1.0 - group["beta"]).add_(gd.square(), alpha=group["beta"])
                 above += int((fb > group["delta"]).sum())
-                hv_sq += float(hv.square().sum())
-                corr_sq += float(corr.square().sum())
-                g_sq += float(gd.square().sum())
             self.base_optimizer.step()
+        self.steps += 1
         all_fb = torch.cat([fb.reshape(-1) for fb in fbars])
         self.last = dict(
+            step=self.steps,
             loss=float(loss.detach()),
             penalty=penalty,
-            grad_norm=math.sqrt(g_sq),
+            grad_norm=grad_norm,
             hv_norm=math.sqrt(hv_sq),
-            correction_norm=math.sqrt(corr_sq),
+            correction_norm=corr_norm,
+            correction_ratio=ratio,
+            correction_scale=scale,
             fbar_min=float(all_fb.min()),
             fbar_mean=float(all_fb.mean()),
             fbar_max=float(all_fb.max()),
@@ -250,10 +317,10 @@ class SGDTracer(TracerBase):
     """SGD-TRACER (Williams & Roberts 2023, Alg. 1): the TRACER direction fed to ``torch.optim.SGD``.
 
     ``SGDTracer(params, lr, rho=1e-6, beta=0.01, delta=1e-8, hvp="exact", fd_step=None,
-    momentum=0, dampening=0, weight_decay=0, nesterov=False, model=None)``.  Weight decay is
-    applied by SGD, outside the penalty.  ``model`` (optional) lets the finite-difference pass
-    leave BatchNorm running statistics untouched.  See the module docstring for the rule and the
-    defaults.
+    model=None, max_correction_ratio=None, momentum=0, dampening=0, weight_decay=0, nesterov=False)``.
+    Weight decay is applied by SGD, outside the penalty.  ``model`` (optional) lets the
+    finite-difference pass leave BatchNorm running statistics untouched.  See the module docstring
+    for the rule, the defaults and ``max_correction_ratio``.
     """
 
     def __init__(
@@ -266,16 +333,29 @@ class SGDTracer(TracerBase):
         hvp: str = "exact",
         fd_step: float | None = None,
         model: nn.Module | None = None,
+        max_correction_ratio: float | None = None,
         **sgd_kwargs: Any,
     ) -> None:
-        super().__init__(params, torch.optim.SGD, lr, rho, beta, delta, hvp, fd_step, model, **sgd_kwargs)
+        super().__init__(
+            params,
+            torch.optim.SGD,
+            lr,
+            rho,
+            beta,
+            delta,
+            hvp,
+            fd_step,
+            model,
+            max_correction_ratio,
+            **sgd_kwargs,
+        )
 
 
 class AdamTracer(TracerBase):
     """Adam-TRACER (Williams & Roberts 2023, Sec. 2.2): the TRACER direction fed to ``torch.optim.Adam``.
 
     ``AdamTracer(params, lr=1e-3, rho=1e-6, beta=0.01, delta=1e-8, hvp="exact", fd_step=None,
-    betas=(0.9, 0.999), eps=1e-8, weight_decay=0, model=None)``.
+    model=None, max_correction_ratio=None, betas=(0.9, 0.999), eps=1e-8, weight_decay=0)``.
     """
 
     def __init__(
@@ -288,14 +368,28 @@ class AdamTracer(TracerBase):
         hvp: str = "exact",
         fd_step: float | None = None,
         model: nn.Module | None = None,
+        max_correction_ratio: float | None = None,
         **adam_kwargs: Any,
     ) -> None:
-        super().__init__(params, torch.optim.Adam, lr, rho, beta, delta, hvp, fd_step, model, **adam_kwargs)
+        super().__init__(
+            params,
+            torch.optim.Adam,
+            lr,
+            rho,
+            beta,
+            delta,
+            hvp,
+            fd_step,
+            model,
+            max_correction_ratio,
+            **adam_kwargs,
+        )
 
 
 def _tracer_state_dict(self: TracerBase) -> dict[str, Any]:
     sd = {"tracer": torch.optim.Optimizer.state_dict(self), "base": self.base_optimizer.state_dict()}
     sd["base_optimizer_class"] = type(self.base_optimizer).__name__
+    sd["steps"] = self.steps
     return tag_state_dict(sd, self, self.param_groups)
 
 
@@ -310,6 +404,7 @@ def _tracer_load_state_dict(self: TracerBase, state_dict: dict[str, Any]) -> Non
     torch.optim.Optimizer.load_state_dict(self, state_dict["tracer"])
     self.base_optimizer.load_state_dict(state_dict["base"])
     self.param_groups = self.base_optimizer.param_groups
+    self.steps = int(state_dict.get("steps", 0))  # state dicts saved before the counter: 0
 
 
 TracerBase.state_dict = _tracer_state_dict  # type: ignore[method-assign]
