@@ -27,7 +27,7 @@ st.markdown(
 | **Bayesian view** | exact posterior vs Laplace vs MFVI vs bSAM on Bayesian logistic regression, predictive maps, sampled decision boundaries; two moons | bSAM (Möllenhoff & Khan 2023) Fig. 3, 5, 6 |
 | **Network landscape** | train a small network on digits with chosen optimizers, then its loss surface with the trajectory, Hessian spectrum and sharpness table, side by side | Li et al. 2018 surfaces; curvature core; sharpness measures |
 | **Experiments** | run directories of `python -m experiments run`: mean ± std over seeds per method, training curves, reliability diagrams | experiments runner |
-| **Curvature monitor** | λ_max of the training-loss Hessian during full-batch gradient descent against the stability threshold 2/lr | edge of stability (Cohen et al. 2021) |
+| **Curvature monitor** | λ_max of the training-loss Hessian during full-batch gradient descent against the stability threshold 2/lr; the *edge of stability* preset (MSE) shows λ_max rising to 2/lr and staying there | edge of stability (Cohen et al. 2021, Fig. 1) |
 | **Paths between minima** | loss along the straight line and a trained Bézier curve between two networks, with the barrier heights | Garipov et al. 2018; Frankle et al. 2020; Entezari et al. 2022 |
 | **Flatness study** | Kendall τ-b (bootstrap interval) and granulated Ψ of each sharpness measure against the gap, test or OOD error over a population of models; measure-vs-target scatter panels | Jiang et al. 2020; `experiments.study` |
 

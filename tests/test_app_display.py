@@ -130,6 +130,31 @@ def test_surface_view_and_loss_curves_keep_to_the_finite_loss_range():
     assert hi < 10 and "log10" in curves.layout.yaxis.title.text  # not stretched to 1e115
 
 
+def test_loss_curves_axis_covers_the_runs_not_the_whole_surface():
+    """The loss-curve axis spans the curves' points inside the plotted box (5 % padding), not the
+    range of the loss over the whole plotted grid, which squeezed the curves into a thin band."""
+    prob = tp.get("gaussian_mixture")
+    settings = toy.problem_settings("gaussian_mixture")
+    runs = toy.run(
+        "gaussian_mixture",
+        settings["start"],
+        settings["steps"],
+        [(n, toy.hyper_defaults(n, "gaussian_mixture")) for n in ("GD", "SAM", "FisherSAM")],
+    )
+    (x0, x1), (y0, y1) = prob.bounds
+    values = []
+    for r in runs:
+        p, loss = r.trajectory.path.numpy(), r.trajectory.losses.numpy()
+        values.append(loss[(p[:, 0] >= x0) & (p[:, 0] <= x1) & (p[:, 1] >= y0) & (p[:, 1] <= y1)])
+    v = np.concatenate(values)
+    lo, hi = toy.loss_curves_figure(runs, log=False, prob=prob).layout.yaxis.range
+    width = v.max() - v.min()
+    assert lo == pytest.approx(v.min() - 0.05 * width, rel=1e-9)
+    assert hi == pytest.approx(v.max() + 0.05 * width, rel=1e-9)
+    z = prob.loss(prob.grid(60)[2]).detach().numpy()
+    assert z.max() > 2 * hi  # the surface reaches far above the curves
+
+
 def test_log_scale_box_applies_to_the_loss_curves():
     at = AppTest.from_file(str(APP / PLAYGROUND), default_timeout=300)
     at.session_state["optimizers"] = ["GD"]

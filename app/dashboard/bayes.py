@@ -162,7 +162,7 @@ def _maps_figure(xs, ys, maps: dict[str, torch.Tensor], data, titles: list[str],
         fig.update_xaxes(title_text="x₁", row=row + 1, col=col + 1)
         if col == 0:
             fig.update_yaxes(title_text="x₂", row=row + 1, col=col + 1)
-    fig.update_layout(height=height * n_rows, margin=dict(l=40, r=10, t=40, b=40))
+    fig.update_layout(height=height * n_rows, margin=dict(l=40, r=10, t=70, b=40))
     return fig
 
 

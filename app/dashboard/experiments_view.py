@@ -176,7 +176,9 @@ def curves_figure(histories: dict[str, list[dict[str, Any]]], methods: dict[str,
             )
         )
         shown.add(method)
-    fig.update_layout(xaxis_title="epoch", yaxis_title=key, legend=LEGEND_BELOW, title=f"{key} per epoch")
+    last = max((max(tr.x) for tr in fig.data if tr.x), default=0)
+    xaxis = {"title": "epoch", "dtick": 1} if last <= 20 else {"title": "epoch"}  # whole epochs only
+    fig.update_layout(xaxis=xaxis, yaxis_title=key, legend=LEGEND_BELOW, title=f"{key} per epoch")
     return fig
 
 
@@ -249,4 +251,7 @@ def reliability_of(
     fig = lm.reliability_figure(
         probs, targets, n_bins=n_bins, title="reliability of the point models (test set)"
     )
+    # the legend (one entry per run and the gap) below the axes, not over the diagram
+    fig.update_layout(legend=LEGEND_BELOW, height=(fig.layout.height or 450) + 40 + 22 * len(probs))
+    fig.update_layout(margin=dict(b=120 + 22 * len(probs)))
     return fig, rows, skipped

@@ -241,7 +241,11 @@ def loss_figure(run: MonitorRun) -> go.Figure:
             line={"color": color_of("GD")},
         )
     )
-    fig.update_layout(xaxis_title="step", yaxis_title="training loss", yaxis_type="log", legend=LEGEND_BELOW)
+    yaxis: dict[str, Any] = {"title": "training loss", "type": "log"}
+    finite = [v for v in run.losses if math.isfinite(v) and v > 0]
+    if finite and math.log10(max(finite) / min(finite)) >= 1:
+        yaxis["dtick"] = 1  # labels at the decades only: minor-tick labels crowd a log axis
+    fig.update_layout(xaxis_title="step", yaxis=yaxis, legend=LEGEND_BELOW)
     return fig
 
 

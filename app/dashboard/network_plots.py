@@ -70,12 +70,22 @@ def surface_figure(
         )
     )
     fig.update_layout(
-        title=title,
-        height=480,
+        # the title sits just above the axes, below the toolbar that shows at the top right
+        title=dict(
+            text=title,
+            x=0.0,
+            xanchor="left",
+            yref="paper",
+            y=1.0,
+            yanchor="bottom",
+            pad=dict(b=8),
+            font=dict(size=13),
+        ),
+        height=500,
         legend=LEGEND_BELOW,
         xaxis_title="direction 1",
         yaxis_title="direction 2",
-        margin=dict(l=40, r=10, t=40, b=100),
+        margin=dict(l=40, r=10, t=70, b=100),
     )
     return fig
 
@@ -104,10 +114,14 @@ def spectrum_figure(spectra: dict[str, dict[str, Any]]) -> go.Figure:
 
 
 def training_figure(runs: dict[str, TrainedRun]) -> go.Figure:
+    """The mean training loss of each epoch (epochs counted from 1), one colour per optimizer."""
     fig = go.Figure()
+    epochs = 1
     for name, run in runs.items():
+        epochs = max(epochs, len(run.history["epoch_loss"]))
         fig.add_trace(
             go.Scatter(
+                x=list(range(1, len(run.history["epoch_loss"]) + 1)),
                 y=run.history["epoch_loss"],
                 mode="lines+markers",
                 name=name,
@@ -116,7 +130,7 @@ def training_figure(runs: dict[str, TrainedRun]) -> go.Figure:
             )
         )
     fig.update_layout(
-        xaxis_title="epoch",
+        xaxis=dict(title="epoch (mean loss over its batches)", dtick=1 if epochs <= 20 else None),
         yaxis_title="training loss",
         height=360,
         legend=LEGEND_BELOW,

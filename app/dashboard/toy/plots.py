@@ -213,20 +213,22 @@ def loss_curves_figure(
 ) -> go.Figure:
     """Loss against step for every run (log10 when ``log``, the same transform as the contour).
 
-    The vertical axis covers the runs' start losses and, with ``prob``, the loss on its plotted
-    grid and at every path point inside the plotted box (without ``prob``: the whole curves of the
-    runs that did not diverge); a curve that explodes runs off the plot instead of flattening it."""
+    The vertical axis covers the runs' start losses and, with ``prob``, the loss at every path point
+    inside the plotted box (without ``prob``: the whole curves of the runs that did not diverge); a
+    curve that explodes runs off the plot instead of flattening the others. The log shift also
+    takes the loss on the plotted grid into account, so the curves use the contour's transform."""
     ref = [r.trajectory.losses.numpy()[:1] for r in runs]
+    grid: list[np.ndarray] = []
     if prob is not None:
         (x0, x1), (y0, y1) = prob.bounds
-        ref.append(loss_grid(prob, resolution)[2])
+        grid.append(loss_grid(prob, resolution)[2])
         for r in runs:
             p = r.trajectory.path.numpy()
             inside = (p[:, 0] >= x0) & (p[:, 0] <= x1) & (p[:, 1] >= y0) & (p[:, 1] <= y1)
             ref.append(r.trajectory.losses.numpy()[inside])
     else:
         ref += [r.trajectory.losses.numpy() for r in runs if not r.trajectory.diverged]
-    shift = log_shift(np.concatenate([np.ravel(a) for a in ref])) if ref else 0.0
+    shift = log_shift(np.concatenate([np.ravel(a) for a in ref + grid])) if ref else 0.0
     fig = go.Figure()
     for r in runs:
         fig.add_trace(
