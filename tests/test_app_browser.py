@@ -1,8 +1,11 @@
-"""Real-browser test: start the dashboard server and load every page in headless Chromium.
+"""Real-browser test: start the dashboard server, open every page and the states that matter (each
+playground problem, all optimizers at once on the playground and the network page, the
+edge-of-stability preset) through their URLs in headless Chromium, and save a full-page screenshot
+of each.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them) and selenium.
 Run with ``python -m pytest -m browser``; screenshots go to ``$SCREENSHOT_DIR`` (default
-``out/screenshots``).
+``out/screenshots``), one PNG per state named after it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -21,15 +25,36 @@ import pytest
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = {
-    "home": "",
-    "playground": "Optimizer_playground",
-    "smoothed": "Smoothed_objectives",
-    "bayes": "Bayesian_view",
-    "network": "Network_landscape",
+sys.path.insert(0, str(ROOT / "app"))
+
+from dashboard import toy  # noqa: E402
+
+#: state name -> (page path, query string); every page and the states the URL parameters select
+STATES: dict[str, tuple[str, str]] = {
+    "home": ("", ""),
+    "playground": ("Optimizer_playground", ""),
+    "playground_all_optimizers": ("Optimizer_playground", "optimizers=all"),
+    **{
+        f"playground_{p}": ("Optimizer_playground", f"problem={p}")
+        for p in toy.playground_problems()[0]
+        if p != "gaussian_mixture"  # the default: "playground" above
+    },
+    "smoothed": ("Smoothed_objectives", ""),
+    "bayes": ("Bayesian_view", ""),
+    "network": ("Network_landscape", "epochs=2"),
+    "network_all_optimizers": ("Network_landscape", "optimizers=all&epochs=2"),
+    "experiments": ("Experiments", ""),
+    "monitor": ("Curvature_monitor", ""),
+    "monitor_edge_of_stability": ("Curvature_monitor", "preset=edge_of_stability"),
+    "paths": ("Paths_between_minima", ""),
+    "study": ("Flatness_study", ""),
 }
+#: a URL with values the page cannot use: a warning, the default view, no error
+INVALID = ("Optimizer_playground", "problem=two_moons&optimizers=GD,nope")
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+WIDTH = 1500
 
 
 def _free_port() -> int:
@@ -39,11 +64,24 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server():
+def runs_dir(tmp_path_factory) -> Path:
+    """A tiny experiments grid for the Experiments page: 3 methods x 1 seed; budget 0.05 makes it
+    3 epochs on 5 % of the data."""
     if not (Path(CHROMIUM).exists() and Path(DRIVER).exists()):
         pytest.skip("headless Chromium not installed (apt-get install chromium chromium-driver)")
+    from experiments.cli import main
+
+    out = tmp_path_factory.mktemp("runs")
+    overrides = ["train.epochs=60", "seeds=[0]", "budget=0.05", "evaluation.sharpness=[]", f"out_dir={out}"]
+    assert main(["run", str(ROOT / "configs" / "digits_sam_vs_sgd.toml"), *overrides, "--no-progress"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(runs_dir):
     pytest.importorskip("selenium")
     port = _free_port()
+    env = {**os.environ, "SHARPSCAPE_RUNS": str(runs_dir)}
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -60,9 +98,10 @@ def server():
             "--browser.gatherUsageStats",
             "false",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         cwd=ROOT,
+        env=env,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
@@ -83,8 +122,10 @@ def server():
         proc.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def browser():
+    """A fresh headless Chromium per state: a renderer that hangs (seen once on a loaded machine)
+    costs one state, not the rest of the run."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -101,15 +142,17 @@ def browser():
         "--disable-component-update",
         "--disable-sync",
         "--disable-dev-shm-usage",
-        "--window-size=1500,1100",
+        "--hide-scrollbars",
+        f"--window-size={WIDTH},1100",
     ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    driver.set_page_load_timeout(120)
     yield driver
     driver.quit()
 
 
-def _wait_until_idle(driver, timeout: float = 400.0) -> None:
+def _wait_until_idle(driver, timeout: float = 500.0) -> None:
     """Wait for the page title and for streamlit's "running" indicator to stay gone for 3 s."""
     from selenium.webdriver.common.by import By
 
@@ -128,20 +171,63 @@ def _wait_until_idle(driver, timeout: float = 400.0) -> None:
     raise AssertionError(f"page did not finish running within {timeout} s")
 
 
-@pytest.mark.parametrize("page", list(PAGES))
-def test_page_loads_without_errors(server, browser, page):
+def _full_page_screenshot(driver, path: Path) -> None:
+    """Grow the window to the height of streamlit's scrolling main area, save, and shrink back."""
+    height = driver.execute_script(
+        "const m = document.querySelector('[data-testid=\"stMain\"]')"
+        " || document.querySelector('section.main');"
+        "return Math.max(m ? m.scrollHeight : 0, document.body.scrollHeight);"
+    )
+    driver.set_window_size(WIDTH, min(int(height) + 120, 5000))
+    time.sleep(1.5)  # plotly re-lays out its figures for the new size
+    driver.save_screenshot(str(path))
+    driver.set_window_size(WIDTH, 1100)
+
+
+def _alerts(driver, kind: str) -> list[str]:
     from selenium.webdriver.common.by import By
 
-    browser.get(f"{server}/{PAGES[page]}")
+    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, f'[data-testid="stAlertContent{kind}"]')]
+
+
+def _open(server: str, browser, page: str, query: str) -> None:
+    browser.get(f"{server}/{page}" + (f"?{query}" if query else ""))
     _wait_until_idle(browser)
+
+
+@pytest.mark.parametrize("state", list(STATES))
+def test_state_renders_without_errors(server, browser, state):
+    from selenium.webdriver.common.by import By
+
+    page, query = STATES[state]
+    _open(server, browser, page, query)
     out = Path(os.environ.get("SCREENSHOT_DIR", ROOT / "out" / "screenshots"))
     out.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(out / f"{page}.png"))
+    _full_page_screenshot(browser, out / f"{state}.png")
     exceptions = browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
-    errors = browser.find_elements(By.CSS_SELECTOR, '[data-testid="stAlertContentError"]')
     assert not exceptions, [e.text for e in exceptions]
-    assert not errors, [e.text for e in errors]
-    title = browser.find_elements(By.CSS_SELECTOR, "h1")[0].text
-    assert title, "page has no title"
-    if page != "home":
+    assert not _alerts(browser, "Error"), _alerts(browser, "Error")
+    assert not _alerts(browser, "Warning"), _alerts(browser, "Warning")  # valid URLs, stable defaults
+    assert browser.find_elements(By.CSS_SELECTOR, "h1")[0].text, "page has no title"
+    if state != "home":
         assert browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot"), "no Plotly figure rendered"
+    # the address bar keeps what the URL asked for (the page writes its selection back)
+    shown = urllib.parse.parse_qs(urllib.parse.urlparse(browser.current_url).query, keep_blank_values=True)
+    for key, values in urllib.parse.parse_qs(query).items():
+        assert shown.get(key) == values, (key, shown)
+
+
+def test_invalid_url_warns_and_shows_the_default(server, browser):
+    from selenium.webdriver.common.by import By
+
+    _open(server, browser, *INVALID)
+    out = Path(os.environ.get("SCREENSHOT_DIR", ROOT / "out" / "screenshots"))
+    out.mkdir(parents=True, exist_ok=True)
+    _full_page_screenshot(browser, out / "playground_invalid_url.png")
+    assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
+    assert not _alerts(browser, "Error")
+    text = "\n".join(_alerts(browser, "Warning"))
+    assert "problem='two_moons'" in text and "Bayesian view" in text and "optimizers='nope'" in text
+    shown = urllib.parse.parse_qs(urllib.parse.urlparse(browser.current_url).query)
+    assert shown["problem"] == ["gaussian_mixture"] and shown["optimizers"] == ["GD"]
+    assert browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")
