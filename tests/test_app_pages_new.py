@@ -281,6 +281,35 @@ def test_monitor_edge_of_stability_preset():
     assert at.query_params["preset"] == "cross_entropy"
 
 
+def test_monitor_thread_setting_is_restored():
+    """run_monitor trains with one intra-op thread and gives torch its setting back, also when the
+    run diverges; overlapping users (two sessions) restore the original count when the last leaves."""
+    from dashboard.monitor_view import intra_op_threads, run_monitor
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        run = run_monitor(
+            steps=2, every=1, hidden=8, n_train=128, on_step=lambda f: seen.append(torch.get_num_threads())
+        )
+        assert seen == [1, 1] and torch.get_num_threads() == 2 and run.config["loss"] == "cross_entropy"
+        with pytest.raises(ValueError, match="lower the learning rate"):
+            run_monitor(lr=1e200, steps=5, every=10, hidden=8, n_train=128, loss="mse")
+        assert torch.get_num_threads() == 2
+        a, b = intra_op_threads(1), intra_op_threads(1)
+        a.__enter__()
+        b.__enter__()
+        a.__exit__(None, None, None)
+        assert torch.get_num_threads() == 1  # b still runs
+        b.__exit__(None, None, None)
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError, match="unknown loss 'hinge'"):
+            run_monitor(loss="hinge")
+    finally:
+        torch.set_num_threads(before)
+
+
 # ------------------------------------------------------------------------------ paths between minima
 
 

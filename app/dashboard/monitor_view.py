@@ -192,14 +192,15 @@ def _train(
     losses: list[float] = []
     for step in range(1, steps + 1):
         opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        if not torch.isfinite(loss):
+        value = loss_fn(model(x), y)
+        if not torch.isfinite(value):
             raise ValueError(
-                f"gradient descent diverged at step {step} (loss {float(loss)}); lower the learning rate"
+                f"gradient descent diverged at step {step} (loss {float(value.detach())}); "
+                "lower the learning rate"
             )
-        loss.backward()
+        value.backward()
         opt.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(value.detach()))
         monitor.step(model, step, losses[-1])
         if on_step is not None:
             on_step(step / steps)
