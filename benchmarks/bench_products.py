@@ -69,17 +69,17 @@ REFERENCE = {
 
 
 # ------------------------------------------------------------------------------------ our methods
-def _ours_hessian(engine: str):
+def _ours_hessian(engine: str, **kw: Any):
     def build(pr: Problem, v: torch.Tensor, obj):
-        op = ls.hessian(obj, engine=engine)
+        op = ls.hessian(obj, engine=engine, **kw)
         return (lambda: op @ v), {"object": op}
 
     return build
 
 
-def _ours_ggn(jvp: str):
+def _ours_ggn(jvp: str, **kw: Any):
     def build(pr: Problem, v: torch.Tensor, obj):
-        op = ls.ggn(obj, jvp=jvp)
+        op = ls.ggn(obj, jvp=jvp, **kw)
         return (lambda: op @ v), {"object": op}
 
     return build
@@ -123,12 +123,18 @@ METHODS: dict[str, tuple[str, str, Any]] = {
     "gradient": ("gradient", "torch", _peer(peers.gradient)),
     "landscape auto": ("hessian", "landscape", _ours_hessian("auto")),
     "landscape double_backward": ("hessian", "landscape", _ours_hessian("double_backward")),
+    "landscape double_backward uncached": (
+        "hessian",
+        "landscape",
+        _ours_hessian("double_backward", cache_graph=False),
+    ),
     "landscape forward_over_reverse": ("hessian", "landscape", _ours_hessian("forward_over_reverse")),
     "landscape compiled hessian": ("hessian", "landscape", _ours_compiled("hessian")),
     "pyhessian": ("hessian", "pyhessian", _peer(peers.pyhessian)),
     "curvlinops HessianLinearOperator": ("hessian", "curvlinops", _peer(peers.curvlinops("hessian"))),
     "eigenthings HessianOperator": ("hessian", "eigenthings", _peer(peers.eigenthings("hessian"))),
     "landscape ggn forward": ("ggn", "landscape", _ours_ggn("forward")),
+    "landscape ggn cached": ("ggn", "landscape", _ours_ggn("forward", cache=True)),
     "landscape ggn linearize": ("ggn", "landscape", _ours_ggn("linearize")),
     "landscape compiled ggn": ("ggn", "landscape", _ours_compiled("ggn")),
     "floor jvp+H+cached vjp": ("ggn", "floor", _peer(peers.ggn_floor)),
@@ -252,6 +258,7 @@ def bench_model(args, name: str) -> tuple[list[dict], dict]:
         print(f"  round {r + 1}/{args.repeats} done", flush=True)
     for m, ts in times.items():
         rows[m]["ms"] = 1e3 * statistics.median(ts)
+        rows[m]["ms_runs"] = [1e3 * t for t in ts]
     # correctness: every product against landscape's
     for m, row in rows.items():
         ref = REFERENCE.get(row["product"])

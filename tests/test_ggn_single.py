@@ -64,5 +64,28 @@ def test_hessian_single_vector_matches_dense(engine, cache_graph):
     for seed in (4, 5):
         v = _randn(op.shape[0], seed=seed)
         assert _rel(op @ v, want @ v) <= 1e-12
+    V = _randn(op.shape[0], 3, seed=6)  # a block: uncached, the last column's backward frees the graph
+    assert _rel(op @ V, want @ V) <= 1e-12
     # the point is held once: the engine shares the operator's private copies
     assert all(op.engine._theta[n].data_ptr() == op._theta[n].data_ptr() for n in names)
+
+
+@pytest.mark.parametrize("batch, kept", [(4, True), (14, False)])
+def test_auto_cache_keeps_the_graph_only_when_it_costs_at_most_a_parameter_vector(batch, kept):
+    """4-6-3 tanh MLP, float64: the graph saves only tanh's output (``B x 6`` entries; the input, the
+    weights and the second layer's input -- tanh's output again -- exist anyway or are shared),
+    against ``p = 51`` parameters: kept for ``B = 4`` (192 <= 408 bytes), rebuilt for ``B = 14``."""
+    model = ref.make_mlp((4, 6, 3))
+    x, y = ref.make_classification_data(batch)
+    loss = nn.CrossEntropyLoss()
+    want = ref.dense_ggn(model, loss, [(x, y)])
+    op = ls.ggn(ls.Objective(model, loss, (x, y)))
+    for seed in (6, 7):
+        v = _randn(op.shape[0], seed=seed)
+        assert _rel(op @ v, want @ v) <= 1e-12
+    V = _randn(op.shape[0], 4, seed=8)
+    assert _rel(op @ V, want @ V) <= 1e-12
+    cfg = op.config()
+    assert cfg["graph_saved_bytes"] == batch * 6 * 8
+    assert cfg["graph_cached"] is kept
+    assert (op._linearised[0].graph is not None) is kept

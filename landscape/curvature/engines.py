@@ -187,33 +187,35 @@ class HVPEngine:
         idx = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
         return leaves, [grads[i] for i in idx], idx
 
-    def _apply_graph(self, graph, V: torch.Tensor, out: torch.Tensor) -> None:
+    def _apply_graph(self, graph, V: torch.Tensor, out: torch.Tensor, free: bool = False) -> None:
+        """``out[:, j] += H_b V[:, j]``; ``free``: the last backward releases the graph as it goes."""
         leaves, grads, idx = graph
         if not grads:
             return
         offsets = self._offsets
-        for j in range(V.shape[1]):
-            hv = self._hv(graph, V[:, j])
+        k = V.shape[1]
+        for j in range(k):
+            hv = self._hv(graph, V[:, j], retain=not (free and j == k - 1))
             col = out[:, j]
             for i, h in zip(idx, hv):
                 if h is not None:
                     col[offsets[i] : offsets[i + 1]] += h.reshape(-1)
 
-    def _hv(self, graph, v: torch.Tensor) -> tuple:
+    def _hv(self, graph, v: torch.Tensor, retain: bool = True) -> tuple:
         """``H_b v`` for the parameters ``idx`` of the graph (entries may be None: no dependence)."""
         leaves, grads, idx = graph
         offsets = self._offsets
         vs = [v[offsets[i] : offsets[i + 1]].view_as(leaves[i]) for i in idx]
         return torch.autograd.grad(
-            grads, [leaves[i] for i in idx], grad_outputs=vs, retain_graph=True, allow_unused=True
+            grads, [leaves[i] for i in idx], grad_outputs=vs, retain_graph=retain, allow_unused=True
         )
 
-    def _hv_flat(self, graph, v: torch.Tensor) -> torch.Tensor:
+    def _hv_flat(self, graph, v: torch.Tensor, retain: bool = True) -> torch.Tensor:
         """``H_b v`` as one flat ``[p]`` vector: one ``cat`` (zeros where ``H_b`` has no rows)."""
         leaves, grads, idx = graph
         parts: list[torch.Tensor | None] = [None] * len(leaves)
         if grads:
-            for i, h in zip(idx, self._hv(graph, v)):
+            for i, h in zip(idx, self._hv(graph, v, retain)):
                 parts[i] = h
         return torch.cat(
             [
@@ -235,16 +237,19 @@ class HVPEngine:
             yield self._build_graph(bufs, x, y, w)
 
     def _double_backward(self, V: torch.Tensor) -> torch.Tensor:
+        # uncached: the last backward through each batch's graph frees it as it goes (the peak of
+        # one product is then that of hessian-eigenthings' uncached product, not graph + backward)
+        free = not self.cache_graph
         if V.shape[1] == 1:  # one vector: one cat per batch, added in place
             flat = None
             for graph in self._graphs():
-                h = self._hv_flat(graph, V[:, 0])
+                h = self._hv_flat(graph, V[:, 0], retain=not free)
                 flat = h if flat is None else flat.add_(h)
                 del graph  # uncached: free this batch's graph before the next one is built
             return flat.unsqueeze(1)
         out = torch.zeros_like(V)
         for graph in self._graphs():
-            self._apply_graph(graph, V, out)
+            self._apply_graph(graph, V, out, free)
             del graph
         return out
 

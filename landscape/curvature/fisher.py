@@ -9,9 +9,9 @@ example ``n`` alone.  By the chain rule ``g_ns = J_n^T r_ns`` with ``J_n`` the J
 
 (Kunstner et al. 2019, Sec. 3; Martens 2020, Sec. 9.2), i.e. a generalised Gauss-Newton product
 with the output-space matrix ``Lambda`` in place of the output Hessian.  ``method="output_space"``
-(default) computes it with one ``jvp`` and one ``vjp`` of the batch forward per product
+(default) computes it with one ``jvp`` and one backward pass of the batch forward per product
 (:class:`~landscape.curvature.ggn.OutputSpaceOperator`), keeping only the ``r_ns`` (output-sized)
-and, for a single-batch objective, the forward graph -- the memory of a GGN product.
+and the forward graph where it is cheap (``cache``) -- the memory of a GGN product.
 ``method="per_example"`` instead forms the ``[B, p]`` per-example gradients with ``vmap`` and keeps
 them between products while they fit in ``cache_bytes``: far more memory, but a cached product is
 two matrix products (``G^T (G V)``), much faster when many vectors are multiplied.

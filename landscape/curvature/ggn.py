@@ -8,16 +8,23 @@ One product ``G V`` (``V``: ``[p, k]``) per batch ``b`` is three steps:
 2. ``H_out,b (J_b V)``: in closed form for cross-entropy, MSE and BCE-with-logits, by autodiff on
    the loss as a function of the output for any other loss
    (:mod:`landscape.curvature.output_hessian`);
-3. ``J_b^T (w_b H_out,b J_b V)``: one vjp through the forward graph, batched over the ``k`` columns.
+3. ``J_b^T (w_b H_out,b J_b V)``: one backward pass through the forward graph of the batch
+   (``torch.autograd.grad``, the ``k`` columns batched with ``is_grads_batched``).
 
-A single vector (``k = 1``) takes a direct path: one ``jvp``, one ``vjp`` and the per-parameter
+A single vector (``k = 1``) takes a direct path: one ``jvp``, one backward and the per-parameter
 results written into one flat vector (added in place over batches), no ``vmap`` and no
 intermediate ``[k, p]`` blocks.
 
-Everything that does not depend on ``V`` (the forward graph of step 3, the output and its Hessian
-factors) is built once per batch and, for a single-batch objective, kept between products
-(``cache="auto"``), as PyHessian does for Hessian products.  With ``jvp="linearize"`` step 1 reuses a
-traced linearisation (``torch.func.linearize``) as well: faster per product, more memory.
+Memory decides whether the forward graph of step 3 is kept between products.  Kept, it is alive
+while step 1 runs, so a product peaks at the graph plus the forward-mode pass; rebuilt, each product
+peaks at the larger of the forward-mode pass and one forward + backward (the graph is freed during
+its backward), at the cost of one more forward.  On ResNet-20 (128 images, float32) the graph holds
+189 MB and the forward-mode pass 115 MB: 304 MB kept, 232 MB rebuilt.  ``cache="auto"`` keeps it
+for a single-batch objective when its saved tensors (counted with saved-tensor hooks while it is
+built) take at most the memory of one parameter vector -- MLPs, where products are dominated by
+parameter-sized vectors -- and rebuilds it otherwise; the output-space factors (output, ``H_out``)
+are kept either way.  ``jvp="linearize"`` keeps a traced linearisation (``torch.func.linearize``) for
+step 1 as well: faster per product, much more memory.
 
 :class:`OutputSpaceOperator` is this machinery for any ``sum_b J_b^T M_b J_b`` with an output-space
 matrix ``M_b``; the empirical and Monte-Carlo Fisher use it with ``M_b`` built from per-example
@@ -30,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.func import jvp, linearize, vjp, vmap
+from torch.func import jvp, linearize, vmap
 
 from landscape.curvature.base import CurvatureOperator
 from landscape.curvature.output_hessian import output_hessian
@@ -56,41 +63,142 @@ def _vmap_or_loop(
             state["vmap"] = False
             state["vmap_error"] = _short_error(err)
     cols = [fn({n: t[j] for n, t in tangents.items()}) for j in range(k)]
-    if isinstance(cols[0], dict):
-        return {n: torch.stack([c[n] for c in cols]) for n in cols[0]}
+    if isinstance(cols[0], tuple):
+        return tuple(torch.stack([c[i] for c in cols]) for i in range(len(cols[0])))
     return torch.stack(cols)
 
 
+class _Graph:
+    """The forward graph of one batch with the parameters as leaves: ``J^T u`` by backward passes."""
+
+    def __init__(self, op: OutputSpaceOperator, f: Callable, x: Any, bufs: dict, measure: bool) -> None:
+        names = op.objective.param_names
+        self.leaves = [op._theta[n].detach().requires_grad_(True) for n in names]
+        self.saved_bytes: int | None = None
+        with torch.enable_grad():
+            if not measure:
+                self.out = f(dict(zip(names, self.leaves)))
+                return
+            # bytes of the tensors autograd saves for the backward, except what exists anyway
+            # (parameters, inputs, buffers): the memory that keeping the graph costs
+            have = [*self.leaves, *bufs.values()]
+            if isinstance(x, torch.Tensor):
+                have.append(x)
+            elif isinstance(x, dict):
+                have += [t for t in x.values() if isinstance(t, torch.Tensor)]
+            elif isinstance(x, (tuple, list)):
+                have += [t for t in x if isinstance(t, torch.Tensor)]
+            skip = {t.untyped_storage().data_ptr() for t in have}
+            seen: dict[int, int] = {}
+
+            def pack(t: torch.Tensor) -> torch.Tensor:
+                try:
+                    s = t.untyped_storage()
+                except Exception:  # noqa: BLE001 - e.g. a tensor subclass without storage
+                    return t
+                if s.data_ptr() not in skip:
+                    seen[s.data_ptr()] = s.nbytes()
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                self.out = f(dict(zip(names, self.leaves)))
+            self.saved_bytes = sum(seen.values())
+
+    def vjp(self, u: torch.Tensor, retain: bool) -> tuple:
+        """``J^T u`` per parameter (None: no dependence)."""
+        return torch.autograd.grad(self.out, self.leaves, u, retain_graph=retain, allow_unused=True)
+
+    def vjp_block(self, op: OutputSpaceOperator, U: torch.Tensor, retain: bool) -> torch.Tensor:
+        """``[k, p]``: ``J^T u`` for the ``k`` rows of ``U``, ``chunk_size`` at a time (batched)."""
+        k = U.shape[0]
+        step = op.chunk_size or k
+        parts = []
+        for s in range(0, k, step):
+            last = s + step >= k
+            keep = retain or not last
+            if op._state.get("vmap", True):
+                try:  # a failing batched backward must not have freed the graph: keep it the 1st time
+                    gs = torch.autograd.grad(
+                        self.out,
+                        self.leaves,
+                        U[s : s + step],
+                        retain_graph=keep or "vmap" not in op._state,
+                        allow_unused=True,
+                        is_grads_batched=True,
+                    )
+                    op._state["vmap"] = True
+                    parts.append(op._flat(gs, min(step, k - s)))
+                    continue
+                except Exception as err:  # noqa: BLE001 - an op without a batching rule: columns
+                    op._state["vmap"] = False
+                    op._state["vmap_error"] = _short_error(err)
+            rows = U[s : s + step]
+            for j, u in enumerate(rows):
+                gs = self.vjp(u, keep or j < rows.shape[0] - 1)
+                parts.append(op._flat(gs, 1))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def jv_double(self, ts: list[torch.Tensor]) -> torch.Tensor:
+        """``J t`` without forward mode: the vjp of the linear map ``u -> J^T u`` (keeps the graph)."""
+        u = torch.zeros_like(self.out, requires_grad=True)
+        with torch.enable_grad():
+            gs = torch.autograd.grad(
+                self.out, self.leaves, u, create_graph=True, retain_graph=True, allow_unused=True
+            )
+        pairs = [(g, t) for g, t in zip(gs, ts) if g is not None and g.requires_grad]
+        if not pairs:
+            return torch.zeros_like(self.out)
+        (jv,) = torch.autograd.grad([g for g, _ in pairs], u, [t for _, t in pairs], allow_unused=True)
+        return torch.zeros_like(self.out) if jv is None else jv
+
+
 class _Linearised:
-    """Everything about one batch that a product needs and that does not depend on ``V``."""
+    """One batch: its output-space factors (kept), its forward graph (kept or rebuilt, see module)."""
 
     def __init__(self, op: OutputSpaceOperator, k: int, x: Any, y: torch.Tensor, w: float) -> None:
         obj = op.objective
-        bufs = obj.buffers()
-        self.f = lambda sel: obj._call(op._full(sel), bufs, x)
-        out, self.vjp_fn = vjp(self.f, op._theta)
-        self.out = out.detach()
-        self.h_apply, self.kind = op._output_matrix(k, self.out, x, y, bufs)
+        self.k, self.x, self.y = k, x, y
+        self.bufs = obj.buffers()
+        self.f = lambda sel: obj._call(op._full(sel), self.bufs, x)
         self.w = op._batch_weight(w)
+        self.h_apply: Callable | None = None
+        self.kind: str | None = None
+        self.graph: _Graph | None = None
         self.jvp_lin = None
         if op.jvp == "linearize":
             try:
-                _, self.jvp_lin = linearize(self.f, op._theta)
+                out, self.jvp_lin = linearize(self.f, op._theta)
+                self._factors(op, out.detach())
             except Exception as err:  # noqa: BLE001 - forward mode unsupported: the detection below
                 op._state.setdefault("jvp_fallback_reason", _short_error(err))
 
+    def _factors(self, op: OutputSpaceOperator, out: torch.Tensor) -> None:
+        if self.h_apply is None:
+            self.h_apply, self.kind = op._output_matrix(self.k, out, self.x, self.y, self.bufs)
+
+    def _graph(self, op: OutputSpaceOperator) -> _Graph:
+        """The kept graph, or a new one (kept when ``op`` caches this batch's graph)."""
+        if self.graph is not None:
+            return self.graph
+        auto = op.cache == "auto" and op._keeps_batches
+        g = _Graph(op, self.f, self.x, self.bufs, measure=auto and "graph_saved_bytes" not in op._state)
+        if g.saved_bytes is not None:
+            op._state["graph_saved_bytes"] = g.saved_bytes
+            op._state["graph_cached"] = g.saved_bytes <= op.num_params_bytes
+        if op.cache is True or (auto and op._state.get("graph_cached")):
+            self.graph = g
+        self._factors(op, g.out.detach())
+        return g
+
     # ------------------------------------------------------------------ J V
-    def _forward(self, op: OutputSpaceOperator, t: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _forward(self, op: OutputSpaceOperator, t: dict[str, torch.Tensor]):
+        """``(out, J t)`` by forward mode (``out`` None with a traced linearisation)."""
         if self.jvp_lin is not None:
-            return self.jvp_lin(t)
-        return jvp(self.f, (op._theta,), (t,))[1]
+            return None, self.jvp_lin(t)
+        return jvp(self.f, (op._theta,), (t,))
 
-    def _double_vjp(self) -> Callable:
-        _, jvp_fn = vjp(self.vjp_fn, torch.zeros_like(self.out))
-        return lambda t: jvp_fn((t,))[0]
-
-    def _first(self, op: OutputSpaceOperator, t: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """First product: find out whether forward mode works here at all (``J t`` or None)."""
+    def _detect(self, op: OutputSpaceOperator, t: dict[str, torch.Tensor]):
+        """First product: does forward mode work here at all?  ``(out, J t)`` or None."""
         if op.jvp == "double_vjp":
             op._state["jvp_used"] = "double_vjp"
             return None
@@ -103,58 +211,46 @@ class _Linearised:
         op._state["jvp_used"] = "linearize" if self.jvp_lin is not None else "forward"
         return res
 
-    def _fn(self, op: OutputSpaceOperator) -> Callable:
+    def _jv(self, op: OutputSpaceOperator, tangents: dict[str, torch.Tensor], k: int):
+        """``(J V as [k, *out.shape], graph or None)``: forward mode, or the double vjp on a graph."""
+        first = None
+        if "jvp_used" not in op._state:
+            first = self._detect(op, {n: t[0] for n, t in tangents.items()})
         if op._state["jvp_used"] == "double_vjp":
-            return self._double_vjp()
-        return lambda t: self._forward(op, t)
-
-    def jv_one(self, op: OutputSpaceOperator, t: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``J t`` (shape of the output) for one tangent ``t`` (dict of parameter-shaped tensors)."""
-        if "jvp_used" not in op._state:
-            first = self._first(op, t)
-            if first is not None:
-                return first
-        return self._fn(op)(t)
-
-    def jv(self, op: OutputSpaceOperator, tangents: dict[str, torch.Tensor], k: int) -> torch.Tensor:
-        """``J V`` as ``[k, *out.shape]``."""
-        if "jvp_used" not in op._state:
-            first = self._first(op, {n: t[0] for n, t in tangents.items()})
-            if first is not None:
-                if k == 1:
-                    return first.unsqueeze(0)
-                rest = {n: t[1:] for n, t in tangents.items()}
-                fn = self._fn(op)
-                return torch.cat(
-                    [first.unsqueeze(0), _vmap_or_loop(fn, rest, k - 1, op.chunk_size, op._state)]
-                )
-        return _vmap_or_loop(self._fn(op), tangents, k, op.chunk_size, op._state)
+            g = self._graph(op)
+            names = op.objective.param_names
+            cols = [g.jv_double([tangents[n][j] for n in names]) for j in range(k)]
+            return torch.stack(cols), g
+        if first is None and k == 1:
+            first = self._forward(op, {n: t[0] for n, t in tangents.items()})
+        if first is not None:
+            out, jv = first
+            if out is not None:
+                self._factors(op, out.detach())
+            if k == 1:
+                return jv.unsqueeze(0), None
+            rest = {n: t[1:] for n, t in tangents.items()}
+            jvs = _vmap_or_loop(lambda t: self._forward(op, t)[1], rest, k - 1, op.chunk_size, op._state)
+            return torch.cat([jv.unsqueeze(0), jvs]), None
+        if self.h_apply is None:
+            out, jv = _vmap_or_loop(lambda t: self._forward(op, t), tangents, k, op.chunk_size, op._state)
+            self._factors(op, out[0].detach())
+            return jv, None
+        return _vmap_or_loop(lambda t: self._forward(op, t)[1], tangents, k, op.chunk_size, op._state), None
 
     # ------------------------------------------------------------------ J^T M J V
-    def product_one(self, op: OutputSpaceOperator, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``J^T (w M) J t`` for one tangent, as a dict of parameter-shaped tensors."""
-        u = self.h_apply(self.jv_one(op, t).unsqueeze(0))[0]
+    def product(self, op: OutputSpaceOperator, tangents: dict[str, torch.Tensor], k: int):
+        """``J^T (w M) J V``: per-parameter results (tuple, ``k = 1``) or a ``[k, p]`` block."""
+        jv, g = self._jv(op, tangents, k)
+        u = self.h_apply(jv)
         if self.w != 1.0:
             u = u * self.w
-        return self.vjp_fn(u)[0]
-
-    def product(self, op: OutputSpaceOperator, tangents: dict[str, torch.Tensor], k: int) -> torch.Tensor:
-        hjv = self.h_apply(self.jv(op, tangents, k)) * self.w
-        if op._state.get("vmap", True):
-            try:
-                return op._join(vmap(lambda u: self.vjp_fn(u)[0], chunk_size=op.chunk_size)(hjv), k)
-            except Exception as err:  # noqa: BLE001
-                op._state["vmap"] = False
-                op._state["vmap_error"] = _short_error(err)
-        return op._join({n: torch.stack(c) for n, c in _columns(self.vjp_fn, hjv).items()}, k)
-
-
-def _columns(vjp_fn: Callable, hjv: torch.Tensor) -> dict[str, list[torch.Tensor]]:
-    cols: dict[str, list[torch.Tensor]] = {}
-    for u in hjv:
-        for n, g in vjp_fn(u)[0].items():
-            cols.setdefault(n, []).append(g)
-    return cols
+        del jv
+        g = g if g is not None else self._graph(op)
+        keep = g is self.graph
+        if k == 1:
+            return g.vjp(u[0], retain=keep)
+        return g.vjp_block(op, u, retain=keep)
 
 
 class OutputSpaceOperator(CurvatureOperator):
@@ -164,9 +260,10 @@ class OutputSpaceOperator(CurvatureOperator):
     Args:
         objective: the :class:`~landscape.Objective`.
         params: the point (default: the objective's current parameters).
-        chunk_size: columns of ``V`` per ``vmap`` call.
-        cache: keep each batch's linearisation between products; ``"auto"``: for a single-batch
-            objective only (one forward graph in memory, like a cached Hessian graph).
+        chunk_size: columns of ``V`` per ``vmap`` call / batched backward.
+        cache: keep each batch's forward graph between products (``True``), rebuild it every product
+            (``False``), or ``"auto"``: keep it for a single-batch objective when it costs at most
+            one parameter vector of memory (module docstring).
         jvp: ``"forward"`` (forward-mode AD, default), ``"linearize"`` (traced once, fastest per
             product, more memory) or ``"double_vjp"`` (reverse mode only).
     """
@@ -187,7 +284,10 @@ class OutputSpaceOperator(CurvatureOperator):
             raise ValueError(f"cache must be True, False or 'auto', got {cache!r}")
         self.chunk_size = chunk_size
         self.jvp = jvp
-        self.cache = len(objective.batch_sizes) == 1 if cache == "auto" else bool(cache)
+        self.cache = cache
+        # the per-batch factors are kept for one batch (or every batch with cache=True)
+        self._keeps_batches = cache is True or (cache == "auto" and len(objective.batch_sizes) == 1)
+        self.num_params_bytes = objective.num_params * torch.empty((), dtype=self.dtype).element_size()
         # stochastic="fixed": every forward re-seeds, but a random op under vmap may draw its mask
         # differently from the plain forward (on CUDA), so the columns go one by one
         self._state: dict[str, Any] = {"vmap": False} if objective._fixed_rng else {}
@@ -207,7 +307,7 @@ class OutputSpaceOperator(CurvatureOperator):
 
     # ------------------------------------------------------------------ products
     def _batches(self):
-        if self.cache:
+        if self._keeps_batches:
             if self._linearised is None:
                 self._linearised = [
                     _Linearised(self, k, x, y, w) for k, (x, y, w) in enumerate(self.objective.batches())
@@ -217,46 +317,57 @@ class OutputSpaceOperator(CurvatureOperator):
             for k, (x, y, w) in enumerate(self.objective.batches()):
                 yield _Linearised(self, k, x, y, w)
 
-    def _add_into(self, total: torch.Tensor | None, g: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Write (first batch) or add in place the per-parameter results ``g`` into one flat vector."""
+    def _flat(self, gs: tuple, k: int) -> torch.Tensor:
+        """Per-parameter results (``[k, *shape]`` each, or ``[*shape]`` for ``k = 1``; None: zeros)
+        -> ``[k, p]``."""
+        obj = self.objective
+        return torch.cat(
+            [
+                g.reshape(k, -1) if g is not None else torch.zeros(k, n, dtype=self.dtype, device=self.device)
+                for g, n in zip(gs, obj._numels)
+            ],
+            dim=1,
+        )
+
+    def _add_into(self, total: torch.Tensor | None, gs: tuple) -> torch.Tensor:
+        """Write (first batch) or add in place per-parameter results into one flat vector."""
         obj = self.objective
         first = total is None
         if first:
             total = torch.empty(obj.num_params, dtype=self.dtype, device=self.device)
         off = 0
-        for n, numel in zip(obj.param_names, obj._numels):
+        for g, numel in zip(gs, obj._numels):
             seg = total[off : off + numel]
-            src = g[n].reshape(-1)
-            if first:
-                seg.copy_(src)
+            if g is None:
+                if first:
+                    seg.zero_()
+            elif first:
+                seg.copy_(g.reshape(-1))
             else:
-                seg.add_(src)
+                seg.add_(g.reshape(-1))
             off += numel
         return total
 
     def _matmat(self, V: torch.Tensor) -> torch.Tensor:
         k = V.shape[1]
         tangents = self._split(V)
-        if k == 1:  # one vector: no vmap, no [k, p] blocks
-            t = {n: v[0] for n, v in tangents.items()}
-            flat = None
-            for lin in self._batches():
-                flat = self._add_into(flat, lin.product_one(self, t))
-                self._state["output_matrix"] = lin.kind
-                del lin  # uncached: free this batch's graph before the next one is built
-            return flat.unsqueeze(1)
         total = None
         for lin in self._batches():
-            block = lin.product(self, tangents, k)
-            total = block if total is None else total.add_(block)
+            res = lin.product(self, tangents, k)
+            if k == 1:  # one vector: results written straight into the flat output
+                total = self._add_into(total, res)
+            else:
+                total = res if total is None else total.add_(res)
             self._state["output_matrix"] = lin.kind
-            del lin, block
-        return total.T
+            del lin, res  # uncached: free this batch's graph before the next one is built
+        return total.unsqueeze(1) if k == 1 else total.T
 
     def _extra_config(self) -> dict[str, Any]:
         return {
             "chunk_size": self.chunk_size,
             "cache": self.cache,
+            "graph_cached": self._state.get("graph_cached", self.cache is True),
+            "graph_saved_bytes": self._state.get("graph_saved_bytes"),
             "jvp": self.jvp,
             "jvp_used": self._state.get("jvp_used", self.jvp),
             "jvp_fallback_reason": self._state.get("jvp_fallback_reason"),
