@@ -174,3 +174,19 @@ def test_a_member_killed_after_its_first_epoch_resumes_from_that_checkpoint(ense
     with pytest.raises(SystemExit) as exc:  # the member checkpoints belong to this configuration
         main(["run", str(cfg), f"out_dir={out}", "train.lr=0.3"])
     assert exc.value.code == 1
+
+
+def test_the_dashboard_reads_an_ensembles_point_model_from_member_0(ensemble):
+    from app.dashboard.experiments_view import run_probs
+
+    run = ensemble / "a" / "de" / "ens" / "seed1"
+    probs, y, row = run_probs(run)
+    model = model_factory("mlp", sizes=[64, 12, 10], activation="tanh").double()
+    model.load_state_dict(state(run / "member0"))
+    xt, yt = load_digits("test", dtype=torch.float64)
+    with torch.no_grad():
+        ref = torch.softmax(model(xt), -1)
+    torch.testing.assert_close(probs, ref, rtol=1e-12, atol=1e-14)
+    assert torch.equal(y, yt) and row["accuracy"] == pytest.approx(
+        float((ref.argmax(1) == yt).double().mean())
+    )

@@ -186,7 +186,8 @@ def run_probs(run_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor, dict[str
     """Test-set probabilities of the run's trained point model and the test labels.
 
     Rebuilds the model from ``config.toml`` (budget applied as in training) and loads the weights of
-    ``checkpoint.pt``; the test set is the run's own (:func:`experiments.data.prepare_data`).
+    ``checkpoint.pt`` (a deep ensemble's point model is member 0, ``member0/checkpoint.pt``, as in
+    its ``metrics.json``); the test set is the run's own (:func:`experiments.data.prepare_data`).
     Returns ``(probs, targets, metrics)`` with ``metrics`` the run's ``metrics.json`` row."""
     from experiments.amp import param_dtype
     from experiments.config import apply_budget
@@ -195,18 +196,21 @@ def run_probs(run_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor, dict[str
     from experiments.train import build_model
 
     d = Path(run_dir)
-    for name in ("config.toml", "checkpoint.pt", "metrics.json"):
-        if not (d / name).is_file():
-            raise FileNotFoundError(f"{d} has no {name}; a reliability diagram needs a finished run")
+    ckpt = d / "checkpoint.pt"
+    if not ckpt.is_file() and (d / "member0" / "checkpoint.pt").is_file():
+        ckpt = d / "member0" / "checkpoint.pt"  # a deep ensemble: its point model is member 0
+    for path in (d / "config.toml", ckpt, d / "metrics.json"):
+        if not path.is_file():
+            raise FileNotFoundError(f"{d} has no {path.name}; a reliability diagram needs a finished run")
     cfg = apply_budget(tomllib.loads((d / "config.toml").read_text(encoding="utf-8")))
     row = read_json(d / "metrics.json", what="metrics file of a run")
     seed = int(row["seed"])
     data = prepare_data(cfg, seed)
     cpu = torch.device("cpu")
     model = build_model(cfg, seed, param_dtype(cfg["precision"]), cpu)
-    blob = torch.load(d / "checkpoint.pt", map_location="cpu", weights_only=True)
+    blob = torch.load(ckpt, map_location="cpu", weights_only=True)
     if not isinstance(blob, dict) or "model" not in blob:
-        raise ValueError(f"{d / 'checkpoint.pt'} is not a checkpoint of the experiment runner")
+        raise ValueError(f"{ckpt} is not a checkpoint of the experiment runner")
     model.load_state_dict(blob["model"])
     probs = predict_probs(model, data.x_test, int(cfg["evaluation"]["batch_size"]), cpu)
     return probs, data.y_test, row
