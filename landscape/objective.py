@@ -83,8 +83,9 @@ class Objective:
         seed: the seed of ``stochastic="fixed"``.
 
     Raises:
-        TypeError / ValueError at construction for bad inputs, with a message naming the fix (see
-        ``landscape.validation``; the model and loss are run once on the first batch).
+        TypeError: at construction, for inputs of the wrong kind, with a message naming the fix.
+        ValueError: at construction, for bad values (see ``landscape.validation``; the model and
+            loss are run once on the first batch), with a message naming the fix.
     """
 
     def __init__(
