@@ -222,6 +222,21 @@ def _measure_memory(args, name: str, rows: dict[str, dict], pr, v, obj, inproces
         row["mem_how"] = mems[0].get("how")
 
 
+def _compiled_vs_eager_float64(args, name: str, methods: list[str]) -> dict[str, float]:
+    """The compiled operators rebuilt in float64 on the same model and data, against their eager
+    operator: is the compiled product the same function (float32 differences are rounding)?"""
+    pr, v, obj = _setup(argparse.Namespace(**{**vars(args), "dtype": "float64"}), name)
+    out = {}
+    for m in methods:
+        try:
+            product, info = METHODS[m][2](pr, v, obj)
+            got, want = product().detach(), (info["eager"] @ v).detach()
+            out[m] = float((got - want).norm() / want.norm())
+        except Exception as err:  # noqa: BLE001 - reported as missing
+            print(f"  float64 check of {m} failed: {_short(err)}", flush=True)
+    return out
+
+
 # ------------------------------------------------------------------------------------ one model
 def bench_model(args, name: str) -> tuple[list[dict], dict]:
     pr, v, obj = _setup(args, name)
@@ -272,6 +287,9 @@ def bench_model(args, name: str) -> tuple[list[dict], dict]:
             want = (eager @ v).detach().to(torch.float64)
             row["rel_err_eager"] = float((results[m].to(torch.float64) - want).norm() / want.norm())
     infos.clear()
+    if any("compiled" in m and m in results for m in rows) and args.dtype != "float64":
+        for m, rel in _compiled_vs_eager_float64(args, name, [m for m in rows if "compiled" in m]).items():
+            rows[m]["rel_err_eager_float64"] = rel
     inprocess = args.memory and torch.device(args.device).type == "cuda" and args.cuda_memory == "inprocess"
     if inprocess:
         fns.clear()  # free every built operator before measuring one at a time
@@ -378,6 +396,7 @@ def _markdown(rows: list[dict]) -> str:
         "x_best_peer",
         "rel_err",
         "rel_err_eager",
+        "rel_err_eager_float64",
         "peak_mb",
         "mem_x_best_peer",
         "compile_s",
