@@ -119,7 +119,8 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
     mems = [p for m in out["models"].values() for p in m["products"] if "mem_pass" in p]
     out["memory_all_pass"] = all(p["mem_pass"] for p in mems) if mems else None
     out["memory_defaults_pass"] = all(p["mem_pass"] for p in mems if p["default"]) if mems else None
-    out["time_all_pass"] = all(t["pass"] for m in out["models"].values() for t in m["time_targets"]) or None
+    times = [t["pass"] for m in out["models"].values() for t in m["time_targets"]]
+    out["time_all_pass"] = all(times) if times else None
     return out
 
 
