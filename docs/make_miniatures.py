@@ -36,7 +36,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.checkpoint import load_checkpoint  # noqa: E402
 from experiments.config import load_config  # noqa: E402
 from experiments.data import _subset  # noqa: E402
 from experiments.ensembles import predict_probs  # noqa: E402
@@ -75,15 +74,7 @@ def restore(run_dir: Path) -> Trainer:
     # changes the fingerprint of the same configuration
     fp = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)["fingerprint"]
     tr = Trainer(cfg, run_dir, seed=seed, device=torch.device("cpu"), ctx=DistContext(), fingerprint=fp)
-    load_checkpoint(
-        run_dir / "checkpoint.pt",
-        model=tr.model,
-        optimizer=tr.opt,
-        scheduler=tr.scheduler,
-        scaler=tr.scaler,
-        generators=tr.generators,
-        fingerprint=fp,
-    )
+    tr.restore()
     return tr
 
 

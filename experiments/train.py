@@ -352,19 +352,30 @@ class Trainer:
             "test_nll": metrics.nll(probs, self.data.y_test),
         }
 
-    def fit(self) -> None:
-        """Train from the last checkpoint (if any) to the last epoch, checkpointing every epoch."""
-        ckpt = self.run_dir / "checkpoint.pt"
-        state = dict(
+    def _state(self) -> dict[str, Any]:
+        return dict(
             model=self.model,
             optimizer=self.opt,
             scheduler=self.scheduler,
             scaler=self.scaler,
             generators=self.generators,
         )
-        if ckpt.is_file():
-            self.counters, self.history = load_checkpoint(ckpt, fingerprint=self.fingerprint, **state)
-            _swag_to(self.opt, self.device)
+
+    def restore(self) -> bool:
+        """Load the run's last checkpoint (weights, optimizer, schedule, scaler, generators,
+        counters, history) if there is one; return whether there was."""
+        ckpt = self.run_dir / "checkpoint.pt"
+        if not ckpt.is_file():
+            return False
+        self.counters, self.history = load_checkpoint(ckpt, fingerprint=self.fingerprint, **self._state())
+        _swag_to(self.opt, self.device)
+        return True
+
+    def fit(self) -> None:
+        """Train from the last checkpoint (if any) to the last epoch, checkpointing every epoch."""
+        ckpt = self.run_dir / "checkpoint.pt"
+        state = self._state()
+        self.restore()
         epochs = self.cfg["train"]["epochs"]
         every = self.cfg["evaluation"]["every"]
         logger = EpochLogger(self.run_dir, start_epoch=self.counters["epoch"]) if self.ctx.is_main else None
