@@ -36,7 +36,7 @@ import torch.autograd.forward_ad as fwAD
 from torch.func import grad as func_grad
 from torch.func import jvp, vmap
 
-from landscape.curvature.base import math_attention
+from landscape.curvature.base import product_kernels
 from landscape.objective import Objective
 
 __all__ = ["HVPEngine", "ENGINES"]
@@ -60,8 +60,8 @@ class HVPEngine:
         copy: keep private copies of the point (``False``: use ``params`` as given, for a caller
             that holds private copies already, e.g. :class:`~landscape.curvature.HessianOperator`).
 
-    Products run attention on the math SDPA backend (:func:`~landscape.curvature.base.math_attention`):
-    the fused kernels have no double backward.
+    Products run with :func:`~landscape.curvature.base.product_kernels`: attention on the math SDPA
+    backend (the fused kernels have no double backward) and eval-mode batch norm as its affine map.
     """
 
     def __init__(
@@ -129,7 +129,7 @@ class HVPEngine:
         """``H @ V`` for ``V`` of shape ``[p, k]`` (local data; no all-reduce here)."""
         if self.engine == "auto" and self.objective.device.type != "cpu" and self.fallback_reason is None:
             self.engine_used = "forward_over_reverse" if V.shape[1] >= AUTO_BLOCK else "double_backward"
-        with self.objective._evaluating(), math_attention():
+        with self.objective._evaluating(), product_kernels():
             if self.engine_used == "forward_over_reverse" and self.engine == "auto":
                 try:
                     return self._forward_over_reverse(V)
