@@ -2,7 +2,8 @@
 
 * ``engines``: Hessian-vector product engines (forward-over-reverse, double backward, finite
   differences);
-* ``base``: :class:`CurvatureOperator`, the one base class of every operator;
+* ``base``: :class:`CurvatureOperator`, the one base class of every operator, and
+  :func:`product_kernels`, the kernels every product runs with;
 * ``hessian``, ``ggn``, ``fisher``: the Hessian, generalised Gauss-Newton, empirical and Monte-Carlo
   Fisher operators;
 * ``linop``: what the spectral estimators accept (operators, dense matrices, objectives);
@@ -14,13 +15,13 @@
   preconditioner).
 """
 
-from landscape.curvature.base import CurvatureOperator
+from landscape.curvature.base import CurvatureOperator, product_kernels
 from landscape.curvature.compiled import CompiledOperator, compile_operator
 from landscape.curvature.density import DensityResult, spectral_density
 from landscape.curvature.eigen import EigenResult, eigenvalues, power_iteration
 from landscape.curvature.engines import ENGINES, HVPEngine
 from landscape.curvature.fisher import EmpiricalFisherOperator, FisherOperator, empirical_fisher, fisher
-from landscape.curvature.ggn import GGNOperator, ggn
+from landscape.curvature.ggn import GGNOperator, OutputSpaceOperator, ggn
 from landscape.curvature.hessian import HessianOperator, hessian, hvp
 from landscape.curvature.monitor import CurvatureMonitor, MonitorResult, stability_threshold
 from landscape.curvature.trace import DiagonalResult, TraceResult, diagonal, trace
@@ -40,6 +41,7 @@ __all__ = [
     "GGNOperator",
     "HVPEngine",
     "HessianOperator",
+    "OutputSpaceOperator",
     "TraceResult",
     "diagonal",
     "eigenvalues",
@@ -49,6 +51,7 @@ __all__ = [
     "hessian",
     "hvp",
     "power_iteration",
+    "product_kernels",
     "spectral_density",
     "stability_threshold",
     "trace",

@@ -26,6 +26,7 @@ class HessianOperator(CurvatureOperator):
         chunk_size: int | None = 32,
         cache_graph: bool | str = "auto",
         fd_eps: float | None = None,
+        graph_chunks: int | str = "auto",
     ) -> None:
         super().__init__(objective, params)
         self.engine = HVPEngine(
@@ -35,6 +36,7 @@ class HessianOperator(CurvatureOperator):
             chunk_size=chunk_size,
             cache_graph=cache_graph,
             fd_eps=fd_eps,
+            graph_chunks=graph_chunks,
             copy=False,  # the operator's own private copies: no second copy of the point
         )
 
@@ -58,10 +60,18 @@ def hessian(
     chunk_size: int | None = 32,
     cache_graph: bool | str = "auto",
     fd_eps: float | None = None,
+    graph_chunks: int | str = "auto",
 ) -> HessianOperator:
-    """The Hessian of the whole-dataset loss as a :class:`CurvatureOperator` (see ``curvature.engines``)."""
+    """The Hessian of the whole-dataset loss as a :class:`CurvatureOperator` (see ``curvature.engines``;
+    ``graph_chunks``: the cached graph as sub-graphs over the examples, for lower peak memory)."""
     return HessianOperator(
-        objective, params, engine=engine, chunk_size=chunk_size, cache_graph=cache_graph, fd_eps=fd_eps
+        objective,
+        params,
+        engine=engine,
+        chunk_size=chunk_size,
+        cache_graph=cache_graph,
+        fd_eps=fd_eps,
+        graph_chunks=graph_chunks,
     )
 
 
