@@ -102,3 +102,28 @@ def test_bad_graph_chunks_values_are_refused(bad):
     model, (x, y) = _conv_net(), _data()
     with pytest.raises(ValueError, match="graph_chunks must be 'auto' or a positive int"):
         ls.hessian(ls.Objective(model, nn.CrossEntropyLoss(), (x, y)), graph_chunks=bad)
+
+
+class _PairMaskNet(nn.Module):
+    """Takes a second input that is not batch-first (a [6, 6] mask): sub-batches cannot be sliced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.fc = nn.Linear(144, 3)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x * mask)).flatten(1))
+
+
+def test_inputs_that_are_not_batch_first_keep_one_graph():
+    torch.manual_seed(0)
+    model = _PairMaskNet().double()
+    x, y = _data()
+    mask = (torch.arange(36).reshape(6, 6) % 3 != 0).double()
+    obj = ls.Objective(model, nn.CrossEntropyLoss(), ((x, mask), y))
+    op = ls.hessian(obj)
+    V = _probes(obj.num_params)
+    out = op @ V
+    torch.testing.assert_close(out, ls.hessian(obj, cache_graph=False) @ V, rtol=1e-10, atol=1e-12)
+    assert op.config()["graph_chunks_used"] == 1 and "sub-batch failed" in op.config()["graph_chunks_reason"]

@@ -263,16 +263,25 @@ class HVPEngine:
             return [self._build_graph(bufs, x, y, w)]
         parts = self._sub_batches(x, y, w, k)
         records = [{} for _ in parts]
-        graphs = [self._build_graph(bufs, *parts[0], record=records[0])]
         param_bytes = sum(t.numel() * t.element_size() for t in self._theta.values())
-        if self.graph_chunks == "auto" and records[0]["saved_bytes"] < 3 * param_bytes:
-            del graphs
-            self.graph_chunks_reason = (
-                f"activations small against the parameters ({records[0]['saved_bytes'] / 2**20:.1f} MB "
-                f"saved per sub-graph, {param_bytes / 2**20:.1f} MB of parameters): one graph"
-            )
+        graphs: list = []
+        try:
+            for part, rec in zip(parts, records):
+                graphs.append(self._build_graph(bufs, *part, record=rec))
+                if self.graph_chunks == "auto" and records[0]["saved_bytes"] < 3 * param_bytes:
+                    self.graph_chunks_reason = (
+                        f"activations small against the parameters ({records[0]['saved_bytes'] / 2**20:.1f}"
+                        f" MB saved per sub-graph, {param_bytes / 2**20:.1f} MB of parameters): one graph"
+                    )
+                    break
+        except Exception as err:  # noqa: BLE001 - e.g. an input that is not batch-first
+            if self.graph_chunks != "auto":
+                raise
+            why = f"{type(err).__name__}: {str(err)[:120]}"
+            self.graph_chunks_reason = f"a sub-batch failed ({why}): one graph"
+        if self.graph_chunks_reason is not None:
+            graphs.clear()  # free the sub-graphs before the whole batch's graph is built
             return [self._build_graph(bufs, x, y, w)]
-        graphs += [self._build_graph(bufs, *part, record=rec) for part, rec in zip(parts[1:], records[1:])]
         total = sum(r["loss"] for r in records)
         obj = self.objective
         with torch.no_grad():
