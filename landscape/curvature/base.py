@@ -24,6 +24,7 @@ Every operator exposes ``shape``, ``dtype``, ``device``, ``@``, ``matvec``, ``ma
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,27 @@ def math_attention() -> contextlib.AbstractContextManager:
             return stack
         stack.enter_context(sdpa_kernel(SDPBackend.MATH))
     return stack
+
+
+@contextlib.contextmanager
+def saved_tensor_bytes(skip: Iterable[torch.Tensor] = ()) -> Iterator[dict[int, int]]:
+    """Count what autograd saves for the backward inside the block: yields a dict ``storage -> bytes``
+    of the distinct storages saved (those of ``skip`` excluded: what exists anyway); sum its values
+    after the block.  Saved tensors without a storage (tensor subclasses) are not counted."""
+    skip_ptrs = {t.untyped_storage().data_ptr() for t in skip}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        try:
+            st = t.untyped_storage()
+        except Exception:  # noqa: BLE001 - e.g. a tensor subclass without storage
+            return t
+        if st.data_ptr() not in skip_ptrs:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield seen
 
 
 class _AffineEvalBatchNorm(TorchFunctionMode):

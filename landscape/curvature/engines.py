@@ -55,7 +55,7 @@ import torch.autograd.forward_ad as fwAD
 from torch.func import grad as func_grad
 from torch.func import jvp, vmap
 
-from landscape.curvature.base import product_kernels
+from landscape.curvature.base import product_kernels, saved_tensor_bytes
 from landscape.inputs import _map_inputs
 from landscape.objective import Objective
 
@@ -238,15 +238,8 @@ class HVPEngine:
         obj = self.objective
         leaves = [self._theta[n].detach().requires_grad_(True) for n in obj.param_names]
         params = {**self._frozen, **dict(zip(obj.param_names, leaves))}
-        storages: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            st = t.untyped_storage()
-            storages[st.data_ptr()] = st.nbytes()
-            return t
-
-        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if record is not None else None
-        with torch.enable_grad(), hooks or contextlib.nullcontext():
+        counter = saved_tensor_bytes() if record is not None else contextlib.nullcontext({})
+        with torch.enable_grad(), counter as storages:
             loss = w * obj.loss_fn(obj._call(params, bufs, x), y)
             grads = torch.autograd.grad(loss, leaves, create_graph=True, allow_unused=True)
         if record is not None:
@@ -267,41 +260,46 @@ class HVPEngine:
         records = [{} for _ in parts]
         param_bytes = sum(t.numel() * t.element_size() for t in self._theta.values())
         graphs: list = []
+        fallback: str | None = None
         try:
             for part, rec in zip(parts, records):
                 graphs.append(self._build_graph(bufs, *part, record=rec))
-                if self.graph_chunks == "auto" and records[0]["saved_bytes"] < 3 * param_bytes:
-                    self.graph_chunks_reason = (
-                        f"activations small against the parameters ({records[0]['saved_bytes'] / 2**20:.1f}"
-                        f" MB saved per sub-graph, {param_bytes / 2**20:.1f} MB of parameters): one graph"
+                if self.graph_chunks == "auto" and rec is records[0] and rec["saved_bytes"] < 3 * param_bytes:
+                    fallback = (
+                        f"activations small against the parameters ({rec['saved_bytes'] / 2**20:.1f} MB "
+                        f"saved per sub-graph, {param_bytes / 2**20:.1f} MB of parameters): one graph"
                     )
                     break
         except Exception as err:  # noqa: BLE001 - e.g. an input that is not batch-first
             if self.graph_chunks != "auto":
                 raise
-            why = f"{type(err).__name__}: {str(err)[:120]}"
-            self.graph_chunks_reason = f"a sub-batch failed ({why}): one graph"
-        if self.graph_chunks_reason is not None:
+            fallback = f"a sub-batch failed ({type(err).__name__}: {str(err)[:120]}): one graph"
+        if fallback is None:
+            fallback = self._losses_disagree(bufs, x, y, w, k, [r["loss"] for r in records])
+        if fallback is not None:
             graphs.clear()  # free the sub-graphs before the whole batch's graph is built
-            return [self._build_graph(bufs, x, y, w)]
-        total = sum(r["loss"] for r in records)
-        obj = self.objective
-        with torch.no_grad():
-            full = float(w * obj.loss_fn(obj._call({**self._frozen, **self._theta}, bufs, x), y))
-        scale = max(abs(full), sum(abs(r["loss"]) for r in records))
-        tol = 8.0 * math.sqrt(n) * torch.finfo(obj.dtype).eps * scale
-        if not abs(total - full) <= tol:
-            del graphs
-            msg = (
-                f"the {k} sub-batch losses add up to {total:.9g}, the batch loss is {full:.9g}: the model or "
-                "loss couples the examples of a batch (e.g. a class-weighted mean, a loss over pairs)"
-            )
-            if self.graph_chunks != "auto":
-                raise ValueError(f"graph_chunks={self.graph_chunks}: {msg}; use graph_chunks=1")
-            self.graph_chunks_reason = msg + ": one graph"
+            self.graph_chunks_reason = fallback
             return [self._build_graph(bufs, x, y, w)]
         self.graph_chunks_used = k
         return graphs
+
+    def _losses_disagree(self, bufs, x, y, w: float, k: int, losses: list[float]) -> str | None:
+        """Why the weighted sub-batch ``losses`` do not add up to the batch loss (``None``: they do, to
+        ``8 sqrt(n) eps``); an explicit ``graph_chunks`` raises instead."""
+        obj = self.objective
+        with torch.no_grad():
+            full = float(w * obj.loss_fn(obj._call({**self._frozen, **self._theta}, bufs, x), y))
+        total = sum(losses)
+        scale = max(abs(full), sum(abs(v) for v in losses))
+        if abs(total - full) <= 8.0 * math.sqrt(int(y.shape[0])) * torch.finfo(obj.dtype).eps * scale:
+            return None
+        msg = (
+            f"the {k} sub-batch losses add up to {total:.9g}, the batch loss is {full:.9g}: the model or "
+            "loss couples the examples of a batch (e.g. a class-weighted mean, a loss over pairs)"
+        )
+        if self.graph_chunks != "auto":
+            raise ValueError(f"graph_chunks={self.graph_chunks}: {msg}; use graph_chunks=1")
+        return msg + ": one graph"
 
     def _chunks_wanted(self, n: int) -> tuple[int, str | None]:
         """Number of sub-graphs to try for a batch of ``n`` examples, and why not more."""

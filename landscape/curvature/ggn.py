@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch.func import jvp, linearize, vmap
 
-from landscape.curvature.base import CurvatureOperator
+from landscape.curvature.base import CurvatureOperator, saved_tensor_bytes
 from landscape.curvature.output_hessian import output_hessian
 from landscape.objective import Objective
 
@@ -88,19 +88,7 @@ class _Graph:
                 have += [t for t in x.values() if isinstance(t, torch.Tensor)]
             elif isinstance(x, (tuple, list)):
                 have += [t for t in x if isinstance(t, torch.Tensor)]
-            skip = {t.untyped_storage().data_ptr() for t in have}
-            seen: dict[int, int] = {}
-
-            def pack(t: torch.Tensor) -> torch.Tensor:
-                try:
-                    s = t.untyped_storage()
-                except Exception:  # noqa: BLE001 - e.g. a tensor subclass without storage
-                    return t
-                if s.data_ptr() not in skip:
-                    seen[s.data_ptr()] = s.nbytes()
-                return t
-
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with saved_tensor_bytes(skip=have) as seen:
                 self.out = f(dict(zip(names, self.leaves)))
             self.saved_bytes = sum(seen.values())
 
