@@ -83,6 +83,7 @@ DEFAULTS: dict[str, Any] = {
         "warmup_epochs": 0.0,
         "swa_lr": 0.0,
         "swa_start": 0.0,
+        "min_lr": 0.0,
         "label_smoothing": 0.0,
         "drop_last": False,
         "optimizer_defaults": {},
@@ -144,7 +145,12 @@ METHOD_KEYS: dict[str, Any] = {
     "mc_dropout": {},
     "ensemble": {},
 }
-SWAG_KEYS: dict[str, Any] = {"rank": 20, "start_epoch": 0, "diag_only": False, "samples": 30, "scale": 1.0}
+#: ``convention`` says what ``scale`` means (``optimizers.SWAG``): ``"paper"`` multiplies the standard
+#: deviation (Maddox et al. eq. 1), ``"code"`` the variance (their released sampler, whose scales the
+#: flat-seeking BNN authors quote).
+SWAG_KEYS: dict[str, Any] = {
+    "rank": 20, "start_epoch": 0, "diag_only": False, "samples": 30, "scale": 1.0, "convention": "paper",
+}  # fmt: skip
 #: Tables of a method, off when absent or empty (as ``swag``) and on with at least one key, the
 #: others taking these defaults (``ensemble = { members = 5 }``): Bayesian layers
 #: (``optimizers.convert_to_bayesian``: SGVB, SGVB-LRT with ``local_reparam``; the ELBO's KL
@@ -361,6 +367,11 @@ def _check_methods(methods: Any) -> list[dict[str, Any]]:
         seen.add(m["name"])
         if m["swag"]:
             m["swag"] = _merge(f"methods[{i}].swag", m["swag"], SWAG_KEYS)
+            if m["swag"]["convention"] not in ("paper", "code"):
+                raise ConfigError(
+                    f"methods[{i}].swag.convention must be 'paper' (scale multiplies the standard "
+                    f"deviation) or 'code' (scale multiplies the variance), got {m['swag']['convention']!r}"
+                )
         _method_tables(i, m)
         out.append(m)
     return out
@@ -406,6 +417,8 @@ def _check_numbers(cfg: dict[str, Any]) -> None:
             "train.milestones must list epochs (>= 1) or fractions of the run (< 1), all > 0; "
             f"got {t['milestones']!r}"
         )
+    if not 0 <= t["min_lr"] <= t["lr"]:
+        raise ConfigError(f"train.min_lr must be in [0, train.lr = {t['lr']}], got {t['min_lr']}")
     if t["schedule"] == "swa" and not (t["swa_lr"] > 0 and t["swa_start"] > 0):
         raise ConfigError('train.schedule = "swa" needs train.swa_lr > 0 and train.swa_start > 0 (an epoch)')
     if t["schedule"] == "step" and not t["milestones"]:

@@ -300,6 +300,7 @@ def build_optimizer(
             start_step=s["start_epoch"] * steps_per_epoch,
             diag_only=s["diag_only"],
             seed=int(seed),
+            convention=s["convention"],
         )
     used = {k: (v.__name__ if isinstance(v, type) else v) for k, v in kwargs.items()}
     used.update({k: v for k, v in extra.items() if k != "model"})

@@ -141,7 +141,19 @@ def validate(runs: list[Run]) -> None:
 #: Keys added after run directories were first fingerprinted: left out of the hash while at their
 #: default, so the runs of older configurations keep their fingerprints (and are not redone).
 _LATER_METHOD_KEYS = ("bayesian", "mc_dropout", "ensemble")
-_LATER_KEYS = {"distributed": {"sync_batchnorm": False}}
+_LATER_KEYS = {"distributed": {"sync_batchnorm": False}, "train": {"min_lr": 0.0}}
+_LATER_SWAG_KEYS = {"convention": "paper"}
+
+
+def _without_defaults(table: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in table.items() if not (k in defaults and v == defaults[k])}
+
+
+def _semantic_method(m: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in m.items() if not (k in _LATER_METHOD_KEYS and v == {})}
+    if isinstance(out.get("swag"), dict) and out["swag"]:
+        out["swag"] = _without_defaults(out["swag"], _LATER_SWAG_KEYS)
+    return out
 
 
 def semantic_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -150,14 +162,9 @@ def semantic_config(cfg: dict[str, Any]) -> dict[str, Any]:
     out = dict(cfg)
     for table, defaults in _LATER_KEYS.items():
         if isinstance(out.get(table), dict):
-            out[table] = {k: v for k, v in out[table].items() if not (k in defaults and v == defaults[k])}
+            out[table] = _without_defaults(out[table], defaults)
     if isinstance(out.get("methods"), list):
-        out["methods"] = [
-            {k: v for k, v in m.items() if not (k in _LATER_METHOD_KEYS and v == {})}
-            if isinstance(m, dict)
-            else m
-            for m in out["methods"]
-        ]
+        out["methods"] = [_semantic_method(m) if isinstance(m, dict) else m for m in out["methods"]]
     return out
 
 

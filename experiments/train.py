@@ -14,9 +14,9 @@ Under data parallelism ``distributed.sync_batchnorm`` synchronises BatchNorm
 (:mod:`experiments.sync_batchnorm`).
 
 The learning rate follows ``train.schedule`` per step: ``cosine`` (``0.5 (1 + cos(pi t / T))``,
-Loshchilov & Hutter 2017, annealed to zero), ``step`` (times ``gamma`` at each milestone epoch) or
-``constant``, after an optional linear warm-up, through ``torch.optim.lr_scheduler.LambdaLR`` on
-the optimizer's param groups.
+Loshchilov & Hutter 2017, annealed to zero, or to ``train.min_lr``), ``step`` (times ``gamma`` at
+each milestone epoch) or ``constant``, after an optional linear warm-up, through
+``torch.optim.lr_scheduler.LambdaLR`` on the optimizer's param groups.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ def lr_factor(step: int, steps_per_epoch: int, train_cfg: dict[str, Any]) -> flo
     kind = train_cfg["schedule"]
     if kind == "cosine":
         f = 0.5 * (1.0 + math.cos(math.pi * min(t, total) / total))
+        floor = train_cfg.get("min_lr", 0.0) / train_cfg["lr"] if train_cfg["lr"] > 0 else 0.0
+        if floor:  # annealed to min_lr instead of zero (CosineAnnealingLR's eta_min)
+            f = floor + (1.0 - floor) * f
     elif kind == "step":
         ms = [m * total if m < 1 else m * scale for m in train_cfg["milestones"]]
         f = train_cfg["gamma"] ** sum(1 for m in ms if t >= m)

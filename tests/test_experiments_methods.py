@@ -330,7 +330,8 @@ def test_the_cli_reports_a_bad_combination_in_one_line(tmp_path, capsys):
 
 
 def test_fingerprints_of_configs_without_the_new_keys_are_unchanged():
-    """Runs fingerprinted before the method tables and sync_batchnorm existed are still recognised:
+    """Runs fingerprinted before the method tables, sync_batchnorm, train.min_lr and the SWAG sampling
+    convention existed are still recognised:
     the hash of a resolved config equals sha256 of the JSON of the same config without those keys
     (the earlier formula), and a configuration that uses one of them hashes differently."""
     import copy
@@ -343,6 +344,8 @@ def test_fingerprints_of_configs_without_the_new_keys_are_unchanged():
     cfg = resolve_config({"methods": [{"optimizer": "sam", "swag": {"rank": 3}}]})
     earlier = copy.deepcopy(cfg)
     del earlier["distributed"]["sync_batchnorm"]
+    del earlier["train"]["min_lr"]
+    del earlier["methods"][0]["swag"]["convention"]
     for key in ("bayesian", "mc_dropout", "ensemble"):
         del earlier["methods"][0][key]
     keep = {
@@ -356,7 +359,11 @@ def test_fingerprints_of_configs_without_the_new_keys_are_unchanged():
     synced = resolve_config(
         {"methods": [{"optimizer": "sam", "swag": {"rank": 3}}], "distributed": {"sync_batchnorm": True}}
     )
-    assert len({fingerprint(c, training_only=True) for c in (cfg, other, synced)}) == 3
+    annealed = resolve_config(
+        {"methods": [{"optimizer": "sam", "swag": {"rank": 3}}], "train": {"min_lr": 0.01}}
+    )
+    coded = resolve_config({"methods": [{"optimizer": "sam", "swag": {"rank": 3, "convention": "code"}}]})
+    assert len({fingerprint(c, training_only=False) for c in (cfg, other, synced, annealed, coded)}) == 5
 
 
 def test_a_misconfigured_method_is_refused_before_any_run_of_the_grid_trains(tmp_path, capsys):

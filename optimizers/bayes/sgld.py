@@ -10,6 +10,10 @@ Two modes, selected by ``schedule`` and ``noise`` (equations and sources in
   after each base step the noise ``5e-4 * 38.0348 / (13928.7 + t)^0.9 * z`` (``t`` the step
   count, ``z ~ N(0, I)``): about ``3.5e-6`` per coordinate at ``t = 0`` and ``4.7e-7`` after 300
   CIFAR epochs (``t = 117,300``), independent of the learning rate and of ``N``;
+* **SGLD baseline** (``schedule="polynomial"``) -- the authors' plain SGLD row: the step size
+  ``lr_t = 10 / (1000 + t)^0.9`` of Welling & Teh's polynomial decay at step ``t`` and noise of
+  standard deviation ``0.1 * lr_t`` after each base step (0.01995 and 1.995e-3 at ``t = 0``);
+  with ``rho = 0`` this is the SGLD row of the flat-seeking paper's tables;
 * **Langevin** (the default when ``lr`` is given) -- the Langevin-correct sampler::
 
       w <- w - lr * (grad L(w + eps) + lambda w / N) + sqrt(2 lr T / N) z,   z ~ N(0, I)
@@ -41,7 +45,7 @@ from optimizers.posterior import (
 )
 from optimizers.sam.sam import SAM
 
-__all__ = ["FlatSGLD", "official_lr", "official_noise_std"]
+__all__ = ["FlatSGLD", "official_lr", "official_noise_std", "polynomial_lr"]
 
 # authors' code (flat_bnn): sgld/train_sgld.py ``schedule`` and sam.py ``SAM.get_noise``
 OFFICIAL_PEAK_LR = 0.2
@@ -49,6 +53,9 @@ OFFICIAL_LR_POWER = 0.55
 OFFICIAL_NOISE = (5e-4, 38.0348, 13928.7, 0.9)  # factor, a, b, power (WideResNet28x10 constants)
 OFFICIAL_MOMENTUM = 0.9  # train_sgld.py --momentum default
 OFFICIAL_WEIGHT_DECAY = 1e-4  # train_sgld.py --wd default
+# the authors' SGLD baseline: lr_t = a / (b + t)^gamma per step, noise std = factor * lr_t
+SGLD_DECAY = (10.0, 1000.0, 0.9)
+SGLD_NOISE_FACTOR = 0.1
 
 
 def official_lr(epoch: float, peak: float = OFFICIAL_PEAK_LR) -> float:
@@ -59,6 +66,15 @@ def official_lr(epoch: float, peak: float = OFFICIAL_PEAK_LR) -> float:
     """
     check_nonneg("epoch", epoch)
     return peak * min(1.0, (0.1 + epoch) ** -OFFICIAL_LR_POWER)
+
+
+def polynomial_lr(step: float, decay: tuple[float, float, float] = SGLD_DECAY) -> float:
+    """Step size ``a / (b + t)^gamma`` at step ``t`` (Welling & Teh 2011, Sec. 3), ``decay = (a, b,
+    gamma)``; the default is the flat-seeking authors' SGLD baseline: 0.019952 at ``t = 0``,
+    0.010692 at ``t = 1000``."""
+    check_nonneg("step", step)
+    a, b, gamma = decay
+    return a / (b + step) ** gamma
 
 
 def official_noise_std(step: float) -> float:
@@ -91,13 +107,18 @@ class FlatSGLD(SAM):
         prior_precision: ``lambda``, the prior/weight-decay term ``lambda w / N``.  Default: 1.0 in
             the Langevin mode; in the official mode the weight decay ``1e-4`` of the authors'
             script (``weight_decay=``, equivalently ``lambda = 1e-4 N``).
-        schedule: ``"official"`` (``lr(e)`` above, updated at each epoch) or ``"constant"``.
-            Default: ``"official"`` without ``lr``, ``"constant"`` with it.
-        noise: ``"official"`` (``official_noise_std(t)``) or ``"langevin"``
-            (``sqrt(2 lr T / N)``).  Default: ``"official"`` with the official schedule,
+        schedule: ``"official"`` (``lr(e)`` above, updated at each epoch), ``"polynomial"``
+            (:func:`polynomial_lr` of the step count with ``lr_decay``, the SGLD baseline; no
+            ``lr``) or ``"constant"``.  Default: ``"official"`` without ``lr``, ``"constant"``
+            with it.
+        noise: ``"official"`` (``official_noise_std(t)``), ``"proportional"``
+            (``noise_factor * lr_t``) or ``"langevin"`` (``sqrt(2 lr T / N)``).  Default:
+            ``"official"`` with the official schedule, ``"proportional"`` with the polynomial one,
             ``"langevin"`` otherwise.
-        momentum: SGD momentum; default 0.9 with the official noise (authors' script), 0 with the
-            Langevin noise (which is calibrated for plain SGD).
+        lr_decay: ``(a, b, gamma)`` of the polynomial schedule; default ``(10, 1000, 0.9)``.
+        noise_factor: the proportional noise's factor; default 0.1.
+        momentum: SGD momentum; default 0.9 with the official or proportional noise (the
+            authors' script), 0 with the Langevin noise (which is calibrated for plain SGD).
         weight_decay: SGD weight decay, an alternative to ``prior_precision`` (not both).
         start_epoch: the epoch whose learning rate the first step uses.  Default 1: the authors'
             loop performs no update in epoch 0, so its first step uses ``lr(1)``.
@@ -124,6 +145,8 @@ class FlatSGLD(SAM):
         *,
         schedule: str | None = None,
         noise: str | None = None,
+        lr_decay: tuple[float, float, float] = SGLD_DECAY,
+        noise_factor: float = SGLD_NOISE_FACTOR,
         momentum: float | None = None,
         weight_decay: float | None = None,
         start_epoch: int = 1,
@@ -137,14 +160,28 @@ class FlatSGLD(SAM):
         m: int = 1,
     ) -> None:
         schedule = schedule if schedule is not None else ("official" if lr is None else "constant")
-        if schedule not in ("official", "constant"):
-            raise ValueError(f"schedule must be 'official' or 'constant', got {schedule!r}")
-        noise = noise if noise is not None else ("official" if schedule == "official" else "langevin")
-        if noise not in ("official", "langevin"):
-            raise ValueError(f"noise must be 'official' or 'langevin', got {noise!r}")
+        if schedule not in ("official", "polynomial", "constant"):
+            raise ValueError(f"schedule must be 'official', 'polynomial' or 'constant', got {schedule!r}")
+        default_noise = {"official": "official", "polynomial": "proportional"}.get(schedule, "langevin")
+        noise = noise if noise is not None else default_noise
+        if noise not in ("official", "proportional", "langevin"):
+            raise ValueError(f"noise must be 'official', 'proportional' or 'langevin', got {noise!r}")
         if lr is None and schedule == "constant":
             raise ValueError("schedule='constant' needs lr=; pass a step size (e.g. lr=0.1)")
-        peak = OFFICIAL_PEAK_LR if lr is None else lr
+        if lr is not None and schedule == "polynomial":
+            raise ValueError(
+                "schedule='polynomial' sets the step size from lr_decay=(a, b, gamma) as a / (b + t)^gamma; "
+                "do not also pass lr="
+            )
+        if len(lr_decay) != 3 or any(not isinstance(v, (int, float)) or v <= 0 for v in lr_decay):
+            raise ValueError(f"lr_decay must be three positive numbers (a, b, gamma), got {lr_decay!r}")
+        lr_decay = tuple(float(v) for v in lr_decay)
+        check_nonneg("noise_factor", noise_factor)
+        peak = (
+            (lr_decay[0] / lr_decay[1] ** lr_decay[2] if schedule == "polynomial" else OFFICIAL_PEAK_LR)
+            if lr is None
+            else lr
+        )
         check_positive("lr", peak)
         if num_data is not None:
             check_num_data(num_data)
@@ -154,7 +191,7 @@ class FlatSGLD(SAM):
         if prior_precision is not None and weight_decay is not None:
             raise ValueError("pass prior_precision (lambda, decay lambda/N) or weight_decay, not both")
         if weight_decay is None and prior_precision is None:
-            if noise == "official":
+            if noise in ("official", "proportional"):
                 weight_decay = OFFICIAL_WEIGHT_DECAY
             else:
                 prior_precision = 1.0
@@ -164,7 +201,8 @@ class FlatSGLD(SAM):
                 raise ValueError("prior_precision needs num_data= (the decay is lambda / N)")
         if weight_decay is not None:
             check_nonneg("weight_decay", weight_decay)
-        momentum = (OFFICIAL_MOMENTUM if noise == "official" else 0.0) if momentum is None else momentum
+        if momentum is None:
+            momentum = 0.0 if noise == "langevin" else OFFICIAL_MOMENTUM
         check_nonneg("momentum", momentum)
         for name, v, lo in (
             ("start_epoch", start_epoch, 0),
@@ -185,6 +223,7 @@ class FlatSGLD(SAM):
         self.prior_precision = None if prior_precision is None else float(prior_precision)
         self.decay = float(weight_decay) if weight_decay is not None else self.prior_precision / num_data
         self.schedule, self.noise = schedule, noise
+        self.lr_decay, self.noise_factor = lr_decay, float(noise_factor)
         self.epoch, self.steps_per_epoch = start_epoch, steps_per_epoch
         self.burn_in, self.collect_every = burn_in, collect_every
         first = next((p for g in self.param_groups for p in g["params"]), None)
@@ -195,6 +234,8 @@ class FlatSGLD(SAM):
         self.n_steps = 0
         self.config = dict(
             schedule=schedule, noise=noise, peak_lr=peak, momentum=momentum, decay=self.decay,
+            lr_decay=lr_decay if schedule == "polynomial" else None,
+            noise_factor=self.noise_factor if noise == "proportional" else None,
             num_data=num_data, rho=rho, temperature=self.temperature, start_epoch=start_epoch,
             steps_per_epoch=steps_per_epoch, burn_in=burn_in, collect_every=collect_every,
             max_samples=max_samples, seed=self.seed,
@@ -221,6 +262,8 @@ class FlatSGLD(SAM):
         """Noise standard deviation of the next step for ``group`` (before the temperature)."""
         if self.noise == "official":
             return official_noise_std(self.n_steps)
+        if self.noise == "proportional":
+            return self.noise_factor * group["lr"]
         return math.sqrt(2.0 * group["lr"] / self.num_data)
 
     # ---- the step ---------------------------------------------------------------------------
@@ -261,6 +304,9 @@ class FlatSGLD(SAM):
 
     @torch.no_grad()
     def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor:  # type: ignore[override]
+        if self.schedule == "polynomial":
+            for g in self.param_groups:
+                g["lr"] = polynomial_lr(self.n_steps, self.lr_decay)
         stds = [self.noise_std(g) * math.sqrt(self.temperature) for g in self.param_groups]
         lrs = [g["lr"] for g in self.param_groups]
         loss = super().step(closure)

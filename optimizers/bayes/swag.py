@@ -16,13 +16,27 @@ start_step=start_epoch * steps_per_epoch`` (what ``experiments`` builds).  Per-s
 gathers highly correlated iterates: with ``rank=20`` the deviation matrix then spans the last 20
 steps, a much smaller and differently shaped covariance than 20 epochs'.  The default stays
 per-step because callers that count steps (``start_step``, ``collect_every`` in steps) rely on it.
-Sampling (Maddox et al. eq. 1 and Sec. 4.2)::
+Sampling has two conventions, chosen by ``convention=``.  ``"paper"`` (the default) is Maddox et
+al.'s eq. 1 and Sec. 4.2 as printed::
 
     SWAG-Diag:  theta = theta_bar + scale * Sigma_diag^{1/2} z
     SWAG:       theta = theta_bar + scale * (Sigma_diag^{1/2} z1 / sqrt(2) + D z2 / sqrt(2 (K - 1)))
 
-with ``Sigma_diag = max(theta2_bar - theta_bar^2, var_clamp)`` and ``D`` the ``p x K`` deviation
-matrix.  For a network with BatchNorm every sampled model needs its own running statistics:
+``"code"`` is what their released sampler runs (swa_gaussian, ``swag/posteriors/swag.py``,
+``SWAG.sample_fullrank``), which the flat-seeking BNN authors evaluate with::
+
+    SWAG-Diag:  theta = theta_bar + sqrt(scale) * Sigma_diag^{1/2} z
+    SWAG:       theta = theta_bar + sqrt(scale) * (Sigma_diag^{1/2} z1 + D z2 / sqrt(rank - 1))
+
+``scale`` multiplies the *variance* there, the two parts are not halved, and the deviation term
+divides by ``rank - 1`` (``max_num_models - 1``) even before ``rank`` columns are collected.  Per
+coordinate the variances are ``scale^2 (Sigma_diag + diag(D D^T) / (K - 1)) / 2`` (paper, full) and
+``scale (Sigma_diag + diag(D D^T) / (rank - 1))`` (code, full): a scale taken from the authors'
+commands (0.1 full, 0.2 diagonal) needs ``convention="code"``, or ``sqrt(2 * 0.1)`` and
+``sqrt(0.2)`` in the paper convention.  ``Sigma_diag = max(theta2_bar - theta_bar^2, var_clamp)``
+and ``D`` is the ``p x K`` deviation matrix.
+
+For a network with BatchNorm every sampled model needs its own running statistics:
 :func:`bn_update` recomputes them on training data, as the authors' code does for every sample
 (``bn_data=`` of :meth:`SWAG.bayesian_model_average`).  :func:`f_swag` builds ``SWAG(SAM(...))``
 (reference settings: ``rho = 0.05`` CIFAR-10, rank 20, 30 posterior samples).
@@ -34,13 +48,13 @@ import contextlib
 import math
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
+from optimizers.bayes.batchnorm_stats import bn_update, has_batchnorm
 from optimizers.perturbation import bn_restore, bn_snapshot
 from optimizers.posterior import (
     _ensemble_average,
@@ -55,95 +69,11 @@ from optimizers.state import check_state_dict, tag_state_dict
 __all__ = ["SWAG", "bn_update", "f_swag", "has_batchnorm"]
 
 
-def _bn_layers(model: nn.Module) -> list[_BatchNorm]:
-    return [m for m in model.modules() if isinstance(m, _BatchNorm) and m.running_mean is not None]
-
-
-def has_batchnorm(model: nn.Module) -> bool:
-    """Whether ``model`` has a BatchNorm layer that tracks running statistics."""
-    return bool(_bn_layers(model))
-
-
-def _batches(data: Any) -> Iterator[Any]:
-    """Inputs of each batch: ``data`` is a tensor (one batch) or an iterable of tensors / tuples."""
-    if isinstance(data, torch.Tensor):
-        yield data
-        return
-    if not isinstance(data, Iterable):
-        raise TypeError(
-            f"bn_data must be a tensor of inputs or an iterable of batches (a DataLoader), got "
-            f"{type(data).__name__}"
-        )
-    for batch in data:
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"each batch must be a tensor or a tuple (inputs, ...), got {type(x).__name__}")
-        yield x
-
-
-@torch.no_grad()
-def bn_update(model: nn.Module, data: Any, progress: bool = False) -> int:
-    """Recompute the BatchNorm running statistics of ``model`` on ``data`` (Maddox et al. 2019).
-
-    The statistics are reset (mean 0, variance 1, batch count 0) and ``data`` is run through the
-    model in train mode with the momentum of every BatchNorm layer set to ``b / (n + b)`` for a
-    batch of ``b`` inputs after ``n`` earlier ones, so that the running mean and variance end up as
-    the batch-size-weighted averages of the per-batch means and (unbiased) variances -- the
-    authors' ``bn_update`` (swa_gaussian, ``swag/utils.py``); with equal batches this is
-    ``momentum=None`` (cumulative averaging).  With the whole data set as one batch the running
-    statistics are the exact mean and unbiased variance of the pre-BatchNorm activations.
-
-    The layers' ``momentum`` and the train/eval mode of every module are restored afterwards (the
-    authors' version leaves the model in train mode); parameters are not touched; if the data
-    raise or hold no inputs the old statistics are put back.  Returns the number of inputs seen
-    (0 and nothing changed for a model without BatchNorm).
-
-    Args:
-        model: the network.
-        data: a tensor of inputs (one batch) or an iterable of batches, each a tensor or a tuple
-            whose first entry is the inputs (a ``DataLoader`` of the training data).
-        progress: tqdm progress bar over the batches.
-    """
-    layers = _bn_layers(model)
-    if not layers:
-        return 0
-    modes = {m: m.training for m in model.modules()}
-    momenta = {m: m.momentum for m in layers}
-    snap = bn_snapshot(model)
-    n = 0
-    ok = False
-    try:
-        for m in layers:
-            m.reset_running_stats()
-        model.train()
-        from tqdm.auto import tqdm
-
-        for x in tqdm(_batches(data), desc="bn_update", disable=not progress, leave=False):
-            b = x.shape[0]
-            if b == 0:
-                continue
-            for m in layers:
-                m.momentum = b / (n + b)
-            model(x)
-            n += b
-        if n == 0:
-            raise ValueError("bn_data holds no inputs: pass the training inputs (a tensor or a DataLoader)")
-        ok = True
-    finally:
-        for m, mom in momenta.items():
-            m.momentum = mom
-        for m, mode in modes.items():
-            m.training = mode
-        if not ok:  # an error: leave the statistics as they were
-            bn_restore(snap)
-    return n
-
-
 class SWAG:
     """SWAG / SWAG-Diag moment collector around any optimizer (Maddox et al. 2019, Alg. 1).
 
     ``SWAG(optimizer, rank=20, collect_every=1, start_step=0, diag_only=False, var_clamp=1e-30,
-    seed=None, generator=None, *, collect="step", start_epoch=161)``.
+    seed=None, generator=None, *, collect="step", start_epoch=161, convention="paper")``.
 
     When the weights are collected (:meth:`collect`, which you may also call yourself):
 
@@ -185,6 +115,7 @@ class SWAG:
         *,
         collect: str = "step",
         start_epoch: int = 161,  # authors' code: --swa_start 161 (of 300 epochs)
+        convention: str = "paper",
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
@@ -192,6 +123,7 @@ class SWAG:
             )
         if collect not in ("step", "epoch"):
             raise ValueError(f"collect must be 'step' or 'epoch', got {collect!r}")
+        _check_convention(convention)
         for name, v, lo in (
             ("rank", rank, 0),
             ("collect_every", collect_every, 1),
@@ -215,6 +147,7 @@ class SWAG:
         self.start_epoch = start_epoch
         self.diag_only = diag_only
         self.var_clamp = var_clamp
+        self.convention = convention
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         dev = self.params[0].device if self.params else None
         self.generator, self.seed = resolve_generator(seed, generator, dev)
@@ -227,7 +160,8 @@ class SWAG:
         self.last: dict[str, Any] = {}
         self.config = dict(rank=rank, collect=collect, collect_every=collect_every, start_step=start_step,
                            start_epoch=start_epoch if collect == "epoch" else None, diag_only=diag_only,
-                           seed=self.seed, optimizer=type(optimizer).__name__)  # fmt: skip
+                           convention=convention, seed=self.seed,
+                           optimizer=type(optimizer).__name__)  # fmt: skip
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -309,13 +243,22 @@ class SWAG:
         return torch.stack(list(self._devs), dim=1)
 
     def sample_weights(
-        self, generator: torch.Generator | None = None, scale: float = 1.0, diag_only: bool | None = None
+        self,
+        generator: torch.Generator | None = None,
+        scale: float = 1.0,
+        diag_only: bool | None = None,
+        convention: str | None = None,
     ) -> torch.Tensor:
-        """A flat weight vector drawn from the SWAG posterior (formula in the module docstring).
+        """A flat weight vector drawn from the SWAG posterior (formulas in the module docstring).
 
-        Draws ``z1`` (``p`` values) then, for full SWAG, ``z2`` (``K`` values) from the generator.
+        ``convention`` (default: the one given at construction) says what ``scale`` means:
+        ``"paper"`` multiplies the standard deviation, ``"code"`` the variance as the authors'
+        sampler does.  Draws ``z1`` (``p`` values) then, for full SWAG, ``z2`` (``K`` values) from
+        the generator.
         """
         check_nonneg("scale", scale)
+        convention = self.convention if convention is None else convention
+        _check_convention(convention)
         self._require()
         gen = generator if generator is not None else self.generator
         diag = self.diag_only if diag_only is None else diag_only
@@ -323,10 +266,31 @@ class SWAG:
         z1 = torch.randn(mean.shape, generator=gen, dtype=mean.dtype, device=mean.device)
         sd = self.variance.sqrt()
         k = len(self._devs)
+        paper = convention == "paper"
+        factor = scale if paper else math.sqrt(scale)
         if diag or k < 2:
-            return mean + scale * sd * z1
+            return mean + factor * sd * z1
         z2 = torch.randn((k,), generator=gen, dtype=mean.dtype, device=mean.device)
-        return mean + scale * (sd * z1 / math.sqrt(2.0) + self.deviations @ z2 / math.sqrt(2.0 * (k - 1)))
+        if paper:  # (the expression as before the "code" convention: same bits)
+            low_rank = self.deviations @ z2 / math.sqrt(2.0 * (k - 1))
+            return mean + factor * (sd * z1 / math.sqrt(2.0) + low_rank)
+        return mean + factor * (sd * z1 + self.deviations @ z2 / math.sqrt(self.rank - 1))
+
+    def sample_variance(self, scale: float = 1.0, diag_only: bool | None = None) -> torch.Tensor:
+        """Per-coordinate variance of :meth:`sample_weights` at ``scale`` (closed form, see the module
+        docstring), in the instance's convention."""
+        check_nonneg("scale", scale)
+        self._require()
+        diag = self.diag_only if diag_only is None else diag_only
+        k = len(self._devs)
+        paper = self.convention == "paper"
+        var_scale = scale**2 if paper else scale
+        if diag or k < 2:
+            return var_scale * self.variance
+        dev_sq = self.deviations.square().sum(dim=1)
+        if paper:
+            return var_scale * (self.variance + dev_sq / (k - 1)) / 2.0
+        return var_scale * (self.variance + dev_sq / (self.rank - 1))
 
     def sample(
         self,
@@ -435,6 +399,14 @@ class SWAG:
         self._devs = deque(sd["devs"], maxlen=max(self.rank, 1))
 
 
+def _check_convention(convention: Any) -> None:
+    if convention not in ("paper", "code"):
+        raise ValueError(
+            f"convention must be 'paper' (scale multiplies the standard deviation, Maddox et al. eq. 1) "
+            f"or 'code' (scale multiplies the variance, as swa_gaussian's SWAG.sample), got {convention!r}"
+        )
+
+
 def f_swag(
     params: Any,
     base_optimizer: Any = torch.optim.SGD,
@@ -448,6 +420,7 @@ def f_swag(
     model: nn.Module | None = None,
     collect: str = "step",
     start_epoch: int = 161,
+    convention: str = "paper",
     **base_kwargs: Any,
 ) -> SWAG:
     """F-SWAG (``diag_only=False``) / F-SWAG-Diag: SWAG moments of SAM-trained weights (paper Sec. 4).
@@ -466,4 +439,5 @@ def f_swag(
         seed=seed,
         collect=collect,
         start_epoch=start_epoch,
+        convention=convention,
     )
