@@ -47,6 +47,19 @@ def test_config_resolves_and_its_paper_numbers_name_its_groups(path):
             assert set(raw.get("percent", [])) <= set(numbers) | {"accuracy"}
 
 
+@pytest.mark.parametrize("path", PAPER, ids=lambda p: p.stem)
+def test_paper_config_header_lists_what_differs_from_the_authors_run(path):
+    """Each paper config says, in its header, what a full run still does differently from the
+    authors' (issue 22): a "Differences from the authors' run:" block of at least two items."""
+    lines = path.read_text().splitlines()
+    header = lines[: next(i for i, line in enumerate(lines) if line.startswith("name = "))]
+    assert "# Differences from the authors' run:" in header, path.name
+    start = header.index("# Differences from the authors' run:") + 1
+    items = [line for line in header[start:] if line.startswith("#   - ")]
+    assert len(items) >= 2, (path.name, items)
+    assert all(len(line) > 20 for line in items), items
+
+
 def _synthetic_cifar(root: Path) -> dict[str, Path]:
     """Tiny CIFAR-10 / CIFAR-100 pickles and CIFAR-10-C arrays in the distributions' formats."""
     rng = np.random.default_rng(0)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from landscape.checks import check_range
 from optimizers.posterior import (
@@ -23,7 +25,7 @@ from optimizers.posterior import (
 )
 from optimizers.state import GeneratorStateMixin
 
-__all__ = ["VOGN", "per_example_gradient_moments"]
+__all__ = ["VOGN", "batchnorm_parameters", "per_example_gradient_moments"]
 
 
 def _check_betas(name: str, betas: Any) -> None:
@@ -31,6 +33,37 @@ def _check_betas(name: str, betas: Any) -> None:
         raise ValueError(f"{name} must be two numbers (beta1, beta2), got {betas!r}")
     check_range(f"{name}[0]", betas[0], 0.0, 1.0, high_open=True)
     check_range(f"{name}[1]", betas[1], 0.0, 1.0, low_open=True)
+
+
+def batchnorm_parameters(model: nn.Module) -> list[torch.Tensor]:
+    """The weights and biases of ``model``'s BatchNorm layers: every ``torch.nn.modules.batchnorm._BatchNorm``
+    (``BatchNorm1d/2d/3d``, their lazy forms, ``SyncBatchNorm``); not GroupNorm, LayerNorm or InstanceNorm
+    (the layers torchsso's ``non_reg_for_bn`` exempts are ``nn.BatchNorm1d/2d/3d``)."""
+    return [p for m in model.modules() if isinstance(m, _BatchNorm) for p in m.parameters(recurse=False)]
+
+
+def _batchnorm_leaves(losses: torch.Tensor) -> list[torch.Tensor]:
+    """Leaf tensors that enter a batch-norm operation of ``losses``' autograd graph as its weight or
+    bias, directly or through one dtype cast (autocast)."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    stack = [losses.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        nexts = [f for f, _ in node.next_functions]
+        stack.extend(nexts)
+        if "BatchNorm" not in type(node).__name__:
+            continue
+        for f in nexts[1:3]:  # (input, weight, bias, ...)
+            if f is not None and type(f).__name__.startswith("ToCopy"):
+                f = f.next_functions[0][0] if f.next_functions else None
+            var = getattr(f, "variable", None)
+            if var is not None:
+                found[id(var)] = var
+    return list(found.values())
 
 
 def per_example_gradient_moments(
@@ -109,6 +142,18 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
     ``self.generator``, sample by sample, parameter by parameter in ``param_groups`` order,
     ``torch.randn(p.shape, generator, dtype=p.dtype, device=p.device)``.
 
+    **BatchNorm parameters** (``non_reg_for_bn=True``, the default, as the official configuration's
+    ``"non_reg_for_bn": true``; torchsso ``SecondOrderOptimizer`` / ``VIOptimizer``): the weights and
+    biases of BatchNorm layers get no prior and no noise.  For them ``delta~ = 0`` in the momentum and
+    in the step (``m <- beta1 m + g``, ``mu <- mu - lr m / (s + gamma)``) and ``sigma = 0`` (the samples,
+    :meth:`sample` and the model average use the mean; their ``z`` is still drawn, so the other
+    parameters' noise is the same either way); their ``s`` is updated like every parameter's.  VOGN
+    finds them through ``model=`` (:func:`batchnorm_parameters`: ``_BatchNorm`` layers; GroupNorm and
+    LayerNorm are regularised as in the official code); without the model, put them in a param group
+    marked ``non_reg=True`` (a group so marked is treated this way whatever ``non_reg_for_bn``).  With
+    ``non_reg_for_bn`` on, the first step looks for the parameters that enter a batch-norm operation
+    of the losses' graph and raises if one of them is not exempt.
+
     **Closure contract (differs from the other optimizers):** the closure runs the forward pass
     and returns the *per-example* losses, a 1-D tensor ``[B]`` attached to the graph, e.g.
     ``lambda: F.cross_entropy(model(x), y, reduction="none")``; it does not call ``backward``.
@@ -116,8 +161,8 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
     must not interact (no train-mode BatchNorm).  After the step ``p.grad`` holds ``g``.
 
     Args:
-        params: parameters or param groups (``lr``, ``betas``, ``prior_precision``, ``damping`` may
-            be set per group).
+        params: parameters or param groups (``lr``, ``betas``, ``prior_precision``, ``damping`` and
+            ``non_reg``, a bool: no prior and no noise for the group, may be set per group).
         lr: step size alpha (official CIFAR-10 ResNet-18 setting 1e-4).
         num_data: ``N`` (times the data-augmentation factor rho if one is used, Osawa et al.
             Sec. 3.1; official CIFAR-10 setting rho = 10).
@@ -128,9 +173,17 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
         damping: ``gamma``, default 1e-3 (official CIFAR-10 setting).
         tempering: ``tau`` (1: the Bayesian posterior; < 1: a cold posterior).
         s_init: initial ``s``, default 1.0.
-        mc_samples: ``K``, weight samples per step (each one closure call).
+        mc_samples: ``K``, weight samples per step (each one closure call, so a step costs ``K``
+            forward and per-example backward passes); default 5, the official CIFAR-10/100 ResNet-18
+            ``"num_mc_samples": 5``.  That value is per process: the official run has 8 processes in
+            8 MC groups, each drawing its own 5 samples for its own 32 examples (40 draws per global
+            batch of 256); here the ``K`` draws are shared by the whole batch.
         chunk_size: rows of the per-example Jacobian formed at once (``None``: the whole batch).
         seed, generator: randomness (see :func:`optimizers.posterior.resolve_generator`).
+        model: the ``nn.Module`` whose parameters ``params`` are; ``non_reg_for_bn`` needs it to find
+            the BatchNorm parameters (the experiment runner passes it).
+        non_reg_for_bn: BatchNorm weights and biases get no prior and no noise (see above); default
+            True, the official configuration (torchsso's own default is False).
 
     ``self.last``: ``loss`` (mean over examples and samples), ``grad_norm`` (``||g||``),
     ``noise_norm`` (mean over samples of ``||theta_k - mu||``), ``s_min/s_mean/s_max`` (after the
@@ -150,10 +203,13 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
         damping: float = 1e-3,  # official CIFAR-10 setting
         tempering: float = 1.0,
         s_init: float = 1.0,
-        mc_samples: int = 1,
+        mc_samples: int = 5,  # official CIFAR-10 ResNet-18 setting (per process)
         chunk_size: int | None = None,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        *,
+        model: nn.Module | None = None,
+        non_reg_for_bn: bool = True,  # official CIFAR-10 ResNet-18 setting
     ) -> None:
         check_nonneg("lr", lr)
         check_num_data(num_data)
@@ -165,13 +221,35 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
         check_positive("mc_samples", mc_samples, integer=True)
         if chunk_size is not None:
             check_positive("chunk_size", chunk_size, integer=True)
+        if not isinstance(non_reg_for_bn, bool):
+            raise ValueError(f"non_reg_for_bn must be True or False, got {non_reg_for_bn!r}")
+        if model is not None and not isinstance(model, nn.Module):
+            raise ValueError(
+                f"model must be the torch.nn.Module whose parameters VOGN optimizes, got "
+                f"{type(model).__name__}; pass model=net (or leave it out)"
+            )
         if s_init + damping + prior_precision == 0:
             raise ValueError(
                 "s_init, damping and prior_precision are all 0: the initial posterior variance is "
                 "infinite; make one of them positive (e.g. damping=1e-3)"
             )
-        defaults = dict(lr=lr, betas=tuple(betas), prior_precision=prior_precision, damping=damping)
+        defaults = dict(
+            lr=lr, betas=tuple(betas), prior_precision=prior_precision, damping=damping, non_reg=False
+        )
         super().__init__(params, defaults)
+        self.non_reg_for_bn = non_reg_for_bn
+        self._bn_ids: set[int] = set()
+        if model is not None:
+            own = {id(p) for p in model.parameters()}
+            foreign = sum(id(p) not in own for g in self.param_groups for p in g["params"])
+            if foreign:
+                raise ValueError(
+                    f"VOGN: {foreign} of the optimized parameters are not parameters of model=; pass the "
+                    "module whose parameters VOGN optimizes (e.g. VOGN(net.parameters(), ..., model=net))"
+                )
+            if non_reg_for_bn:
+                self._bn_ids = {id(p) for p in batchnorm_parameters(model)}
+        self._bn_graph_checked = not non_reg_for_bn
         self.num_data = int(num_data)
         self.tempering = float(tempering)
         self.s_init = float(s_init)
@@ -192,6 +270,7 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
             mc_samples=mc_samples,
             chunk_size=chunk_size,
             seed=self.seed,
+            non_reg_for_bn=non_reg_for_bn,
         )
         self._grad_state: dict[str, Any] = {}
         self.last: dict[str, Any] = {}
@@ -204,6 +283,11 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
         for key in ("lr", "prior_precision", "damping"):
             check_nonneg(f"{key} (param group {i})", group[key])
         _check_betas(f"betas (param group {i})", group["betas"])
+        if not isinstance(group["non_reg"], bool):
+            raise ValueError(
+                f"non_reg (param group {i}) must be True (no prior, no noise: BatchNorm parameters) or "
+                f"False, got {group['non_reg']!r}"
+            )
 
     def _params(self) -> list[tuple[dict[str, Any], torch.Tensor]]:
         return [(g, p) for g in self.param_groups for p in g["params"] if p.requires_grad]
@@ -216,18 +300,41 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
             st["step"] = 0
         return st["s"]
 
-    def _delta(self, group: dict[str, Any]) -> float:
-        """``delta~ = tau * prior_precision / N`` (Osawa et al. 2019, Sec. 3)."""
+    def _exempt(self, group: dict[str, Any], p: torch.Tensor) -> bool:
+        """No prior and no noise: a ``non_reg`` group, or a BatchNorm parameter of ``model=``."""
+        return bool(group.get("non_reg", False)) or id(p) in self._bn_ids
+
+    def _delta(self, group: dict[str, Any], p: torch.Tensor | None = None) -> float:
+        """``delta~ = tau * prior_precision / N`` (Osawa et al. 2019, Sec. 3); 0 for an exempt ``p``."""
+        if p is not None and self._exempt(group, p):
+            return 0.0
         return self.tempering * group["prior_precision"] / self.num_data
+
+    def _check_batchnorm(self, losses: torch.Tensor) -> None:
+        """Once: every optimized parameter that is a batch-norm weight or bias must be exempt."""
+        mine = {id(p): (g, p) for g, p in self._params()}
+        bad = [p for p in _batchnorm_leaves(losses) if id(p) in mine and not self._exempt(*mine[id(p)])]
+        if bad:
+            shapes = ", ".join(str(tuple(p.shape)) for p in bad[:4])
+            raise ValueError(
+                f"VOGN: {len(bad)} optimized parameter(s) (shapes {shapes}) are BatchNorm weights or biases, "
+                "but VOGN does not know them, and non_reg_for_bn=True (the official setting) exempts them "
+                "from the prior and the noise; pass the model (VOGN(..., model=net)), or put them in a "
+                "param group with non_reg=True, or set non_reg_for_bn=False to treat them like the rest"
+            )
+        self._bn_graph_checked = True
 
     def precision(self) -> dict[torch.Tensor, torch.Tensor]:
         """The scaled precision ``s`` of every parameter (``s_init`` before the first step)."""
         return {p: self._s(p).detach().clone() for _, p in self._params()}
 
     def posterior_std(self) -> dict[torch.Tensor, torch.Tensor]:
-        """``sqrt(tau / (N (s + delta~ + gamma)))`` for every parameter."""
+        """``sqrt(tau / (N (s + delta~ + gamma)))`` for every parameter (0 for the exempt ones)."""
         out = {}
         for group, p in self._params():
+            if self._exempt(group, p):
+                out[p] = torch.zeros_like(p, memory_format=torch.preserve_format).detach()
+                continue
             denom = self.num_data * (self._s(p).detach() + self._delta(group) + group["damping"])
             out[p] = torch.sqrt(self.tempering / denom)
         return out
@@ -264,6 +371,7 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
         s_list = [self._s(p) for p in params]
         std_map = self.posterior_std()
         stds = [std_map[p] for p in params]
+        exempt = [self._exempt(g, p) for g, p in pairs]
         g_acc: list[torch.Tensor | None] = [None] * len(params)
         h_acc: list[torch.Tensor | None] = [None] * len(params)
         losses_mean, noise_norm = [], 0.0
@@ -271,13 +379,17 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
             saved = [p.detach().clone() for p in params]
             try:
                 sq = 0.0
-                for p, std in zip(params, stds):
+                for p, std, ex in zip(params, stds, exempt):
                     e = torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device)
+                    if ex:  # drawn all the same: the other parameters' noise does not depend on it
+                        continue
                     e.mul_(std)
                     sq += float(e.square().sum())
                     p.add_(e)
                 noise_norm += math.sqrt(sq)
                 losses = self._losses(closure)
+                if not self._bn_graph_checked:
+                    self._check_batchnorm(losses)
                 with torch.enable_grad():
                     g_sum, h_sum = per_example_gradient_moments(
                         losses, params, self.chunk_size, self._grad_state
@@ -300,7 +412,7 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
                 continue
             st = self.state[p]
             beta1, beta2 = group["betas"]
-            delta = self._delta(group)
+            delta = self._delta(group, p)
             g, h = g_acc[j] / K, h_acc[j] / K
             g_sq += float(g.square().sum())
             st["momentum"].mul_(beta1).add_(g + delta * p)

@@ -49,6 +49,12 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
     ``-1/(N sigma)`` term of ``dJ/dsigma`` dominates while ``sigma`` is small, so with a small
     ``num_data`` ``sigma`` grows by ``~sigma_lr/(N sigma)`` per step at first.
 
+    ``sigma_lr`` is a rate on ``sigma`` itself, so safe values scale like ``sigma_0^2 = rho^2/p``: one
+    step from ``sigma_0`` multiplies ``sigma`` by ``1 + sigma_lr p/(N rho^2)`` (2,919 for WRN-28-10 on
+    CIFAR-10 at ``sigma_lr = 0.01``, which then diverges), and the data term, up to
+    ``sigma_lr sqrt(p) |g_i|`` whatever ``sigma`` is, can overshoot zero. ``sigma_lr = 0.01 rho^2/p`` is
+    gradient descent with rate 0.01 on ``sigma / sigma_0`` (``configs/vsam_cifar10_wrn.toml``).
+
     The posterior ``N(mu, Sigma)`` is exposed through the
     :class:`optimizers.posterior.DiagonalGaussianPosterior` API: :meth:`posterior_std`,
     :meth:`sample` (context manager, bit-exact restore) and :meth:`bayesian_model_average`.
