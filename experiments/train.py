@@ -66,8 +66,8 @@ def lr_factor(step: int, steps_per_epoch: int, train_cfg: dict[str, Any]) -> flo
     kind = train_cfg["schedule"]
     if kind == "cosine":
         f = 0.5 * (1.0 + math.cos(math.pi * min(t, total) / total))
-        floor = train_cfg.get("min_lr", 0.0) / train_cfg["lr"] if train_cfg["lr"] > 0 else 0.0
-        if floor:  # annealed to min_lr instead of zero (CosineAnnealingLR's eta_min)
+        if train_cfg.get("min_lr", 0.0) > 0:  # annealed to min_lr, not zero (CosineAnnealingLR's eta_min)
+            floor = train_cfg["min_lr"] / train_cfg["lr"]
             f = floor + (1.0 - floor) * f
     elif kind == "step":
         ms = [m * total if m < 1 else m * scale for m in train_cfg["milestones"]]

@@ -73,7 +73,8 @@ def test_output_space_mc_fisher_equals_per_example_and_dense(likelihood):
         if likelihood == "categorical":
             draws = torch.multinomial(torch.softmax(out, 1), S, replacement=True, generator=g).T
         else:
-            draws = out + torch.randn((S, *out.shape), generator=g, dtype=torch.float64)
+            # MSE is the negative log-likelihood of N(f, 1/2)
+            draws = out + 0.5**0.5 * torch.randn((S, *out.shape), generator=g, dtype=torch.float64)
         augmented += [(xb, draws[s]) for s in range(S)]
     dense = ref.dense_empirical_fisher(model, loss, augmented, reduction=loss.reduction)
     if loss.reduction == "sum":

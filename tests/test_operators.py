@@ -305,7 +305,8 @@ def test_fisher_equals_empirical_fisher_on_independently_sampled_labels():
             if likelihood == "categorical":
                 draws = torch.multinomial(torch.softmax(out, 1), S, replacement=True, generator=g).T
             elif likelihood == "gaussian":
-                draws = out + torch.randn((S, *out.shape), generator=g, dtype=torch.float64)
+                # MSE is the negative log-likelihood of N(f, 1/2): (f - y)^2 = -log p + const
+                draws = out + 0.5**0.5 * torch.randn((S, *out.shape), generator=g, dtype=torch.float64)
             else:
                 draws = torch.bernoulli(torch.sigmoid(out).expand(S, *out.shape).contiguous(), generator=g)
             augmented += [(x, draws[s]) for s in range(S)]
@@ -336,14 +337,14 @@ def test_fisher_expectation_is_ggn():
     assert err_avg <= 0.08 and err_avg <= err_one / 4, (err_avg, err_one)
 
 
-def test_fisher_mse_scaling_convention():
+def test_fisher_mse_expectation_is_ggn():
     model = ref.make_mlp((3, 4, 2))
     x = ref.make_classification_data(6, d=3)[0]
     t = _randn(6, 2)
     obj = ls.Objective(model, nn.MSELoss(), [(x, t)])
     G = ref.dense_ggn(model, nn.MSELoss(), [(x, t)])
     avg = ls.fisher(obj, samples=4000, seed=1).to_dense()
-    assert _rel(avg, (2 / 2) * G) <= 0.07  # E[F] = (2/C) G with C = 2 outputs
+    assert _rel(avg, G) <= 0.07  # the likelihood N(f, 1/2) whose negative log is the MSE
 
 
 def test_fisher_is_fixed_and_reproducible():
@@ -370,18 +371,26 @@ def test_model_identical_after_raising_call():
         p.grad = torch.ones_like(p)
     st = _state(model)
     obj = ls.Objective(model, loss, batches)
-    for make in (
-        HessianOperator,
-        GGNOperator,
-        ls.empirical_fisher,
-        lambda o: FisherOperator(o, likelihood="categorical"),
-    ):
+    for make in (HessianOperator, GGNOperator, ls.empirical_fisher):
         op = make(obj)
         calls["fail"] = True
         with pytest.raises(RuntimeError, match="loss failed"):
             op @ _randn(obj.num_params)
         calls["fail"] = False
         assert _same(model, st)
+    # the Monte-Carlo Fisher differentiates its likelihood, not the loss: fail in the forward instead
+    op = FisherOperator(obj, likelihood="categorical")
+
+    def fail(module, args, out):
+        raise RuntimeError("forward failed")
+
+    hook = model.register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="forward failed"):
+            op @ _randn(obj.num_params)
+    finally:
+        hook.remove()
+    assert _same(model, st)
 
 
 def test_errors():

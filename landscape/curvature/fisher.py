@@ -2,7 +2,9 @@
 
 Both are ``c sum_n sum_s g_ns g_ns^T`` (one label per example for the empirical Fisher, ``S`` sampled
 labels for the Monte-Carlo Fisher, divided by ``S``) with ``g_ns`` the gradient of the loss of
-example ``n`` alone.  By the chain rule ``g_ns = J_n^T r_ns`` with ``J_n`` the Jacobian of example
+example ``n`` alone (for the Monte-Carlo Fisher: of the summed negative log-likelihood of the
+loss's own likelihood, with ``c = 1/(N m)``; see :class:`FisherOperator`).  By the chain rule
+``g_ns = J_n^T r_ns`` with ``J_n`` the Jacobian of example
 ``n``'s output and ``r_ns = d l(f_n, y_ns) / d f_n`` its output gradient, so
 
     ``F v = c sum_n J_n^T Lambda_n (J_n v)``,  ``Lambda_n = (1/S) sum_s r_ns r_ns^T``
@@ -24,70 +26,51 @@ method, recorded in ``config()["fallback_reason"]``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 from torch.func import grad as func_grad
 from torch.func import vmap
 
 from landscape.curvature.ggn import OutputSpaceOperator, _short_error
+from landscape.curvature.likelihoods import (
+    check_likelihood,
+    fisher_term_scale,
+    infer_likelihood,
+    nll_output_gradients,
+    nll_sum,
+    sample_targets,
+    terms_per_example,
+)
+from landscape.curvature.output_moments import outer_apply, output_gradients, term_kind, term_outer_apply
 from landscape.inputs import _map_inputs
 from landscape.objective import Objective
 
+__all__ = ["EmpiricalFisherOperator", "FisherOperator", "empirical_fisher", "fisher", "sample_targets"]
+
 METHODS = ("output_space", "per_example")
+PER = ("example", "loss_term")
 
 
 class _NotSeparable(Exception):
     """The batch output is not one row per example computed from that example alone."""
 
 
-def output_gradients(loss_fn: Any, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``[S, B, O]``: ``r_sn = d loss_fn(f_n, t_sn) / d f_n`` for outputs ``out`` (``[B, ...]``,
-    ``O`` entries per example) and ``S`` target sets ``targets`` (``[S, B, ...]``), each example's
-    loss evaluated alone (``loss_fn(f_n[None], t_sn[None])``, same reduction)."""
-    S, B = int(targets.shape[0]), int(out.shape[0])
-
-    def li(o: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return loss_fn(o.unsqueeze(0), t.unsqueeze(0))
-
-    g = func_grad(li)
-    outs = out.unsqueeze(0).expand(S, *out.shape).reshape(S * B, *out.shape[1:])
-    ts = targets.reshape(S * B, *targets.shape[2:])
-    try:
-        r = vmap(g)(outs, ts)
-    except Exception:  # noqa: BLE001 - a loss without batching rules: one example at a time
-        r = torch.stack([g(outs[i], ts[i]) for i in range(S * B)])
-    return r.reshape(S, B, -1)
-
-
-def _outer_apply(R: torch.Tensor, scale: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``U -> (scale / S) sum_s r_s (r_s^T U_n)`` per example ``n`` (``R``: ``[S, B, O]``, ``U``:
-    ``[k, B, ...]``)."""
-    S, B = R.shape[0], R.shape[1]
-    if S == 1:
-        r = R[0]
-
-        def apply_one(U: torch.Tensor) -> torch.Tensor:
-            Uf = U.reshape(U.shape[0], B, -1)
-            coef = (Uf * r).sum(dim=2, keepdim=True)
-            return (coef * (scale * r)).reshape(U.shape)
-
-        return apply_one
-
-    def apply(U: torch.Tensor) -> torch.Tensor:
-        coef = torch.einsum("kbo,sbo->ksb", U.reshape(U.shape[0], B, -1), R)
-        return (scale / S * torch.einsum("ksb,sbo->kbo", coef, R)).reshape(U.shape)
-
-    return apply
-
-
 # --------------------------------------------------------------------------------------------
 class EmpiricalFisherOperator(OutputSpaceOperator):
     """Empirical Fisher ``F = c sum_n g_n g_n^T`` (``c = 1/N`` mean, ``1`` sum; Kunstner et al. 2019).
 
-    ``g_n`` is the gradient of ``loss_fn`` on example ``n`` alone.  ``method="output_space"``
+    ``per="example"`` (default): ``g_n`` is the gradient of ``loss_fn`` on example ``n`` alone, with
+    the loss's own reduction over that example's outputs (Kunstner et al.'s definition).
+    ``per="loss_term"``: curvlinops' ``EFLinearOperator`` convention, one gradient per loss term --
+    every position of the output's extra dimensions (between the batch and the class dimension 1
+    for cross-entropy, the last dimension for MSE and BCE) is a term of its own, with the gradient
+    of the *sum*-reduced loss of that term -- and ``c = 1/R``, ``R`` the number of terms the mean divides by
+    (``N m``, ``m`` as in :func:`~landscape.curvature.likelihoods.terms_per_example`):
+    ``F = (1/R) sum_{n,l} g_nl g_nl^T``.  The two agree for cross-entropy on ``[B, C]`` outputs;
+    for MSE or BCE on ``[B, C]`` the loss-term Fisher is ``C`` times the example one (mean
+    reduction), and with extra output dimensions they differ by more than a factor (the example
+    convention keeps the cross terms between positions).  ``method="output_space"``
     (default): ``F v = c J^T [r_n (r_n^T (J v)_n)]_n`` with one ``jvp`` and one ``vjp`` per product
     (module docstring); ``method="per_example"``: ``F V = c sum_b G_b^T (G_b V)`` with the ``[B, p]``
     per-example gradients ``G_b`` (``vmap`` over examples), kept between calls while they fit in
@@ -104,6 +87,7 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
             single-batch objective).
         jvp: output space: ``"forward"``, ``"linearize"`` or ``"double_vjp"`` (as for the GGN).
         cache_bytes: per example: keep the per-example gradients while they fit in this many bytes.
+        per: ``"example"`` or ``"loss_term"`` (above; ``"loss_term"`` needs the output-space method).
     """
 
     name = "empirical_fisher"
@@ -119,9 +103,16 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         cache: bool | str = "auto",
         jvp: str = "forward",
         cache_bytes: int = 2**28,
+        per: str = "example",
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if per not in PER:
+            raise ValueError(f"per must be one of {PER}, got {per!r}")
+        if per == "loss_term" and method != "output_space":
+            raise ValueError("per='loss_term' needs method='output_space' (the default)")
+        self.per = per
+        self._term_kind = term_kind(objective.loss_fn) if per == "loss_term" else None
         super().__init__(objective, params, chunk_size=chunk_size, cache=cache, jvp=jvp)
         self.method = method
         self.method_used = method
@@ -170,7 +161,13 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
             self._check_separable(out, x, y, bufs)
             self._separable_checked = True
         R = output_gradients(self.objective.loss_fn, out, self._target_sets(k, y, out))
-        return _outer_apply(R, self._scale()), "per_example_output_gradients"
+        if self.per == "example":
+            return outer_apply(R, self._scale()), "per_example_output_gradients"
+        # one sum-reduced gradient per loss term, g = m r for a mean (the example's loss divides by m),
+        # weighted 1/(N m): (m^2 / (N m)) r r^T = (m / N) r r^T per term
+        m = terms_per_example(self._term_kind, out.shape[1:])
+        scale = m / self.objective.num_examples if self.objective.reduction == "mean" else 1.0
+        return term_outer_apply(R[0], out, self._term_kind, scale), "per_loss_term_output_gradients"
 
     def _batch_weight(self, w: float) -> float:
         return 1.0  # c is applied in output space
@@ -180,13 +177,14 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         """``[B', p]`` rows ``g_n`` of batch ``k`` (``B' = B`` here, ``S B`` for the MC Fisher)."""
         return self._per_example_gradients(x, y, bufs)
 
-    def _per_example_gradients(self, x, y, bufs) -> torch.Tensor:
-        """``[B, p]`` per-example gradients of ``loss_fn(f(x_n), y_n)``."""
+    def _per_example_gradients(self, x, y, bufs, loss_fn: Any = None) -> torch.Tensor:
+        """``[B, p]`` per-example gradients of ``loss_fn(f(x_n), y_n)`` (default: the objective's)."""
         obj = self.objective
+        loss_fn = obj.loss_fn if loss_fn is None else loss_fn
 
         def li(sel, xi, yi):
             xb = _map_inputs(xi, lambda t: t.unsqueeze(0))
-            return obj.loss_fn(obj._call(self._full(sel), bufs, xb), yi.unsqueeze(0))
+            return loss_fn(obj._call(self._full(sel), bufs, xb), yi.unsqueeze(0))
 
         B = int(y.shape[0])
         if self._pe_state.get("vmap", True):
@@ -231,12 +229,18 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
             try:
                 return super()._matmat(V)
             except _NotSeparable as err:
+                if self.per == "loss_term":
+                    raise ValueError(
+                        f"per='loss_term' needs a model whose output rows are its examples' ({err}); use "
+                        "per='example'"
+                    ) from None
                 self.method_used, self.fallback_reason = "per_example", str(err)
                 self._linearised = None
         return self._per_example_matmat(V)
 
     def _extra_config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {
+            "per": self.per,
             "method": self.method,
             "method_used": self.method_used,
             "fallback_reason": self.fallback_reason,
@@ -250,73 +254,29 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
 
 
 # --------------------------------------------------------------------------------------------
-_LIKELIHOODS = ("categorical", "gaussian", "bernoulli")
-
-
-def _infer_likelihood(loss_fn: Any) -> str:
-    if isinstance(loss_fn, nn.CrossEntropyLoss) or loss_fn is nn.functional.cross_entropy:
-        if isinstance(loss_fn, nn.CrossEntropyLoss) and (
-            loss_fn.weight is not None or loss_fn.label_smoothing != 0.0
-        ):
-            raise ValueError(
-                "the Monte-Carlo Fisher needs a plain negative log-likelihood: CrossEntropyLoss with "
-                "class weights or label smoothing is not one; pass likelihood='categorical' to force it"
-            )
-        return "categorical"
-    if isinstance(loss_fn, nn.MSELoss) or loss_fn is nn.functional.mse_loss:
-        return "gaussian"
-    if isinstance(loss_fn, nn.BCEWithLogitsLoss) or loss_fn is nn.functional.binary_cross_entropy_with_logits:
-        return "bernoulli"
-    raise ValueError(
-        f"cannot infer the predictive distribution of loss {type(loss_fn).__name__}; pass "
-        f"likelihood= one of {_LIKELIHOODS} (CrossEntropyLoss, MSELoss and BCEWithLogitsLoss are detected)"
-    )
-
-
-def sample_targets(
-    outputs: torch.Tensor, likelihood: str, samples: int, generator: torch.Generator
-) -> torch.Tensor:
-    """Draw ``samples`` label sets ``[S, *targets_shape]`` from the model's predictive distribution.
-
-    The draw is on CPU in float64 with ``generator`` (reproducible across devices):
-
-    * ``"categorical"``: ``torch.multinomial(softmax(outputs, 1), S, replacement=True)`` -> ``[B, S]``,
-      transposed to ``[S, B]``;
-    * ``"gaussian"``: ``outputs + torch.randn((S, *outputs.shape))`` (unit variance);
-    * ``"bernoulli"``: ``torch.bernoulli(sigmoid(outputs).expand(S, *outputs.shape))``.
-    """
-    out = outputs.detach().to("cpu", torch.float64)
-    if likelihood == "categorical":
-        if out.ndim != 2:
-            raise ValueError(f"categorical sampling needs outputs of shape [B, C], got {tuple(out.shape)}")
-        probs = torch.softmax(out, dim=1)
-        return torch.multinomial(probs, samples, replacement=True, generator=generator).T.contiguous()
-    if likelihood == "gaussian":
-        return out.unsqueeze(0) + torch.randn((samples, *out.shape), generator=generator, dtype=torch.float64)
-    if likelihood == "bernoulli":
-        probs = torch.sigmoid(out)
-        return torch.bernoulli(
-            probs.unsqueeze(0).expand(samples, *out.shape).contiguous(), generator=generator
-        )
-    raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {likelihood!r}")
-
-
 class FisherOperator(EmpiricalFisherOperator):
-    """Monte-Carlo Fisher ``F = (c/S) sum_n sum_{s<S} g_n(yhat_ns) g_n(yhat_ns)^T`` (Martens 2020, Sec. 9.2).
+    r"""Monte-Carlo Fisher of the loss's own likelihood (Martens 2020, Sec. 9.2).
 
-    ``yhat_ns`` are drawn once, at construction, from the model's predictive distribution at the
-    operator's point (see :func:`sample_targets`; batches are visited in order, one generator seeded
-    with ``seed``), so the operator is a fixed symmetric PSD matrix; ``c`` as in the empirical Fisher.
-    Equivalently it is the empirical Fisher of the data set in which each example appears ``S``
-    times with the sampled labels, divided by ``S`` (sum) or with ``N S`` examples (mean).  In output
-    space (default) the ``S`` draws enter only ``Lambda_n = (1/S) sum_s r_ns r_ns^T``: one ``jvp`` and
-    one ``vjp`` per product whatever ``S``; ``method="per_example"`` forms ``S B`` per-example
-    gradients per batch.
+    ``F = (a/S) sum_n sum_{s<S} J_n^T u_ns u_ns^T J_n`` with ``u_ns = d(-log p(yhat_ns | f_n)) / d f_n``
+    summed over the example's loss terms, ``yhat_ns ~ p(. | f_n)`` and ``a = 1/(N m)`` (mean
+    reduction, ``m`` loss terms per example) or ``1`` (sum): the likelihood ``p`` is the one whose
+    negative log is the loss (:mod:`landscape.curvature.likelihoods`: categorical for cross-entropy,
+    ``N(f, 1/2)`` for MSE, Bernoulli for BCE-with-logits), so ``E[F] = G``, the generalised
+    Gauss-Newton matrix of the same loss and reduction, for every output shape (``[B, C]``,
+    sequence outputs ``[B, C, L, ...]`` with one label per position, any number of MSE or BCE
+    outputs).
 
-    Scaling: for ``CrossEntropyLoss`` (and ``BCEWithLogitsLoss`` with one output per example)
-    ``E[F] = G``, the GGN with the same reduction.  For ``MSELoss`` with ``C`` outputs and mean
-    reduction, the loss is not the Gaussian NLL: ``E[F] = (2/C) G`` (sum reduction: ``2 G``).
-    The data must be iterated in the same order every time (no shuffling DataLoader).
+    The labels are drawn once, at construction, from the model's predictive distribution at the
+    operator's point (:func:`~landscape.curvature.likelihoods.sample_targets`; batches are visited in
+    order, one generator seeded with ``seed``), so the operator is a fixed symmetric PSD matrix; the
+    objective refuses data whose passes differ, so every later pass pairs each example with its own
+    labels.  In output space (default) the ``S`` draws enter only ``Lambda_n = (a/S) sum_s u_ns
+    u_ns^T``: one ``jvp`` and one ``vjp`` per product whatever ``S``; ``method="per_example"`` forms
+    ``S B`` per-example gradients of the summed negative log-likelihood per batch.
+
+    ``likelihood=`` overrides the inference from the loss (e.g. ``"categorical"`` for a
+    cross-entropy with label smoothing); ``E[F] = G`` then holds only if the loss is that negative
+    log-likelihood.
     """
 
     name = "fisher"
@@ -335,13 +295,14 @@ class FisherOperator(EmpiricalFisherOperator):
         jvp: str = "forward",
         cache_bytes: int = 2**28,
     ) -> None:
-        if not isinstance(samples, int) or samples < 1:
+        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
             raise ValueError(f"samples must be a positive int, got {samples!r}")
         self.samples = samples
         self.seed = seed
-        self.likelihood = likelihood if likelihood is not None else _infer_likelihood(objective.loss_fn)
-        if self.likelihood not in _LIKELIHOODS:
-            raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {self.likelihood!r}")
+        self.likelihood = check_likelihood(
+            likelihood if likelihood is not None else infer_likelihood(objective.loss_fn)
+        )
+        self._terms = 1
         super().__init__(
             objective,
             params,
@@ -356,6 +317,9 @@ class FisherOperator(EmpiricalFisherOperator):
     def _copies(self) -> int:
         return self.samples
 
+    def _scale(self) -> float:
+        return fisher_term_scale(self.objective.reduction, self.objective.num_examples, self._terms)
+
     def _generator(self) -> torch.Generator:
         # under torch.distributed every rank draws its own labels (landscape.distributed sets .rank)
         rank = int(getattr(self.objective, "rank", 0))
@@ -368,29 +332,33 @@ class FisherOperator(EmpiricalFisherOperator):
         with obj.guard(), torch.no_grad():
             bufs = obj.buffers()
             full = self._full(self._theta)
-            for x, y, _ in obj.batches():
+            for x, _, _ in obj.batches():
                 f = obj._call(full, bufs, x)
+                self._terms = terms_per_example(self.likelihood, f.shape[1:])
                 t = sample_targets(f, self.likelihood, self.samples, gen)
-                if self.likelihood == "categorical":
-                    t = t.to(device=obj.device, dtype=y.dtype if not y.is_floating_point() else torch.long)
-                else:
-                    t = t.to(device=obj.device, dtype=obj.dtype).reshape(self.samples, *f.shape)
-                out.append(t)
+                dtype = torch.long if self.likelihood == "categorical" else obj.dtype
+                out.append(t.to(device=obj.device, dtype=dtype))
         return out
 
     def _target_sets(self, k: int, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``[S, B, ...]``: the labels drawn for batch ``k`` (shaped like the data's labels)."""
-        t = self.sampled_targets[k]
-        if self.likelihood != "categorical" and t.shape[2:] != y.shape[1:]:
-            t = t.reshape(self.samples, y.shape[0], *y.shape[1:])
-        return t
+        """``[S, B, ...]``: the labels drawn for batch ``k`` (class indices, or shaped like the output)."""
+        return self.sampled_targets[k]
+
+    def _output_matrix(self, k, out, x, y, bufs):
+        if not self._separable_checked:
+            self._check_separable(out, x, y, bufs)
+            self._separable_checked = True
+        U = nll_output_gradients(out, self._target_sets(k, y, out), self.likelihood)
+        return outer_apply(U, self._scale()), f"{self.likelihood}_nll_output_gradients"
 
     def _batch_gradients(self, k: int, x, y: torch.Tensor, bufs) -> torch.Tensor:
-        """Per-example gradients for all ``S`` label draws at once: inputs repeated ``S`` times."""
+        """Per-example gradients of the summed negative log-likelihood for all ``S`` label draws at
+        once (inputs repeated ``S`` times)."""
         S = self.samples
         t = self._target_sets(k, y, y)
         xs = _map_inputs(x, lambda a: a.repeat(S, *([1] * (a.ndim - 1))))
-        return self._per_example_gradients(xs, t.reshape(S * t.shape[1], *t.shape[2:]), bufs)
+        flat_t = t.reshape(S * t.shape[1], *t.shape[2:])
+        return self._per_example_gradients(xs, flat_t, bufs, loss_fn=nll_sum(self.likelihood))
 
     def _extra_config(self) -> dict[str, Any]:
         return {
@@ -398,6 +366,7 @@ class FisherOperator(EmpiricalFisherOperator):
             "samples": self.samples,
             "seed": self.seed,
             "likelihood": self.likelihood,
+            "terms_per_example": self._terms,
         }
 
 
@@ -410,9 +379,11 @@ def empirical_fisher(
     cache: bool | str = "auto",
     jvp: str = "forward",
     cache_bytes: int = 2**28,
+    per: str = "example",
 ) -> EmpiricalFisherOperator:
     """The empirical Fisher ``c sum_n g_n g_n^T`` (``c = 1/N`` mean, ``1`` sum) as an operator
-    (``method="output_space"``: one jvp + one vjp per product; ``"per_example"``: cached gradients)."""
+    (``method="output_space"``: one jvp + one vjp per product; ``"per_example"``: cached gradients;
+    ``per="loss_term"``: curvlinops' convention, see :class:`EmpiricalFisherOperator`)."""
     return EmpiricalFisherOperator(
         objective,
         params,
@@ -421,6 +392,7 @@ def empirical_fisher(
         cache=cache,
         jvp=jvp,
         cache_bytes=cache_bytes,
+        per=per,
     )
 
 
@@ -437,7 +409,8 @@ def fisher(
     jvp: str = "forward",
     cache_bytes: int = 2**28,
 ) -> FisherOperator:
-    """Monte-Carlo Fisher with ``samples`` labels per example drawn (``seed``) from the predictive."""
+    """Monte-Carlo Fisher of the loss's own likelihood with ``samples`` labels per example drawn
+    (``seed``) from the predictive; ``E[F]`` is the GGN (:class:`FisherOperator`)."""
     return FisherOperator(
         objective,
         params,

@@ -250,20 +250,24 @@ def per_example_gradients(
     square_sum: bool = False,
     targets_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     chunk_size: int = 64,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    c: float | None = None,
 ) -> torch.Tensor:
     """Per-example gradients ``g_n = grad loss_fn(f(x_n), y_n)`` at ``w0`` (same reduction on a
     single example, the ``tests/references.py`` convention).
 
     ``square_sum=False``: the ``[N]`` vector ``c * ||g_n||^2``; ``square_sum=True``: the diagonal
     empirical Fisher ``c * sum_n g_n**2`` (``[p]``), with ``c = 1/N`` (mean) or ``1`` (sum).
-    ``targets_fn(outputs, targets)`` replaces the targets (Monte-Carlo Fisher: sampled labels).
+    ``targets_fn(outputs, targets)`` replaces the targets (Monte-Carlo Fisher: sampled labels);
+    ``loss_fn`` and ``c`` replace the objective's loss and the factor ``c``.
     Uses ``torch.func.vmap`` in chunks; falls back to a loop if the model does not vmap.
     """
     obj = ctx.obj
     params = obj.unflatten(ctx.w0)
-    loss_fn = obj.loss_fn
+    loss_fn = obj.loss_fn if loss_fn is None else loss_fn
     n_total = obj.num_examples
-    c = 1.0 / n_total if obj.reduction != "sum" else 1.0
+    if c is None:
+        c = 1.0 / n_total if obj.reduction != "sum" else 1.0
 
     def one(p: dict[str, torch.Tensor], x: Any, y: torch.Tensor) -> torch.Tensor:
         out = obj.forward(p, _tree_map(lambda t: t.unsqueeze(0), x))

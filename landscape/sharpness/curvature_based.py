@@ -118,30 +118,39 @@ def fisher_trace(
     """Trace of a Fisher matrix, computed exactly from per-example gradients.
 
     ``kind="empirical"``: ``Tr F_emp = c sum_n ||grad loss(f(x_n), y_n)||^2`` (deterministic; FSAM
-    paper eq. 11 summed over parameters). ``kind="mc"``: the Monte-Carlo Fisher
-    ``c sum_n ||grad loss(f(x_n), y~_n)||^2`` with labels ``y~`` drawn from the model's predictive
-    distribution (``landscape.curvature.fisher.sample_targets``: categorical / unit-variance Gaussian /
-    Bernoulli), averaged over ``samples`` draws; the standard error is over the draws.
-    ``c = 1/N`` (mean reduction) or ``1`` (sum).
+    paper eq. 11 summed over parameters), ``c = 1/N`` (mean reduction) or ``1`` (sum).
+    ``kind="mc"``: the Monte-Carlo Fisher of the loss's own likelihood,
+    ``a sum_n ||grad nll(f(x_n), y~_n)||^2`` with labels ``y~`` drawn from it
+    (:mod:`landscape.curvature.likelihoods`: categorical / ``N(f, 1/2)`` for MSE / Bernoulli),
+    ``nll`` summed over the example's ``m`` loss terms and ``a = 1/(N m)`` (mean) or ``1`` (sum), so
+    that its expectation is ``Tr G``; averaged over ``samples`` draws, the standard error over the draws.
     """
     check_choice("kind", kind, ("empirical", "mc"))
     if kind == "empirical":
         value = float(per_example_gradients(ctx).sum())
         extra = {"trace_per_param": value / ctx.p}
         return {"value": value, "stderr": None, "config": {"kind": kind}, "extra": extra}
-    from landscape.curvature.fisher import _infer_likelihood, sample_targets
+    from landscape.curvature import likelihoods as L
 
     check_positive("samples", samples, integer=True)
     if samples < 2:
         raise ValueError("kind='mc' needs samples >= 2 for an error bar")
-    lik = likelihood or _infer_likelihood(ctx.obj.loss_fn)
+    lik = L.check_likelihood(likelihood or L.infer_likelihood(ctx.obj.loss_fn))
     gen, seed_value = make_generator(seed)
+    obj = ctx.obj
+    x0, _, _ = next(iter(obj.batches()))
+    with torch.no_grad():
+        terms = L.terms_per_example(lik, obj.forward(obj.unflatten(ctx.w0), x0).shape[1:])
+    a = L.fisher_term_scale(obj.reduction, obj.num_examples, terms)
 
     def draw(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        t = sample_targets(out, lik, 1, gen)[0]
-        return t.to(device=y.device, dtype=y.dtype if not y.is_floating_point() else out.dtype)
+        t = L.sample_targets(out, lik, 1, gen)[0]
+        return t.to(device=out.device, dtype=torch.long if lik == "categorical" else out.dtype)
 
-    traces = [float(per_example_gradients(ctx, targets_fn=draw).sum()) for _ in range(samples)]
+    def trace_once() -> float:
+        return float(per_example_gradients(ctx, targets_fn=draw, loss_fn=L.nll_sum(lik), c=a).sum())
+
+    traces = [trace_once() for _ in range(samples)]
     value, stderr = mean_and_stderr(traces)
     cfg = {"kind": kind, "samples": samples, "likelihood": lik, "seed": seed_value}
     return {"value": value, "stderr": stderr, "config": cfg, "extra": {"trace_per_param": value / ctx.p}}
