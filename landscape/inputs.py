@@ -155,11 +155,15 @@ def _nonfinite(t: torch.Tensor) -> int:
     return int((~torch.isfinite(t)).sum())
 
 
-def scan_data(obj: Any) -> tuple[Any, torch.Tensor]:
+def scan_data(
+    obj: Any, record: Callable[[Any, torch.Tensor], None] | None = None
+) -> tuple[Any, torch.Tensor]:
     """One pass over ``obj._data``: structure, devices, lengths, non-finite values and label ranges of
     every batch.  Sets ``obj.batch_sizes``, ``obj._local_num_examples``, ``obj._data_issues`` (batch
     -> what is not finite, reported when that batch is evaluated) and ``obj._labels`` (batch, min,
-    max of integer targets); returns the first batch (for the validation pass)."""
+    max of integer targets); ``record(inputs, targets)`` is called on every well-formed batch (the
+    objective's fingerprint of the pass, ``landscape.data_fingerprint``); returns the first batch
+    (for the validation pass)."""
     data = obj._data
     if isinstance(data, torch.Tensor) or not isinstance(data, Iterable):
         raise TypeError(
@@ -215,6 +219,8 @@ def scan_data(obj: Any) -> tuple[Any, torch.Tensor]:
             if valid.numel():
                 labels.append((k, int(valid.min()), int(valid.max())))
         sizes.append(n)
+        if record is not None:
+            record(inputs, targets)
         if first is None:
             first = (inputs, targets)
     if not sizes or sum(sizes) == 0:

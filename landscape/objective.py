@@ -31,6 +31,7 @@ from torch import nn
 from torch.func import functional_call
 
 from landscape import validation as V
+from landscape.data_fingerprint import DataFingerprint
 from landscape.guard import forked_rng, model_guard, tensor_slots
 from landscape.inputs import (
     Inputs,
@@ -61,7 +62,8 @@ class Objective:
         loss_fn: ``loss_fn(outputs, targets) -> scalar``, mean- or sum-reduced.
         data: one ``(inputs, targets)`` batch or a re-iterable of batches (list, DataLoader);
             ``inputs`` is a tensor, a tuple of tensors (positional arguments) or a dict of tensors
-            (passed as one argument).  Inputs and targets are batch-first.
+            (passed as one argument).  Inputs and targets are batch-first.  Every pass must yield the
+            same examples in the same order (``landscape.data_fingerprint``): shuffle=False, no augmentation.
         params: ``None`` (all parameters that require grad), a name or list of names (a name may
             also be a module prefix such as ``"fc1"``, or another name of a tied parameter), a module
             or list of modules of ``model``, or a callable ``name -> bool``.
@@ -152,7 +154,8 @@ class Objective:
         self._batch_coupled: list[str] = []
         self._output_kind: str | None = None
         self._data = [tuple(data)] if _is_single_batch(data) else data
-        V.validate_first_batch(self, *scan_data(self))
+        self._fingerprint = DataFingerprint()  # recorded by the scan, checked by every pass of batches()
+        V.validate_first_batch(self, *scan_data(self, self._fingerprint.record))
         if check_determinism:
             self.check_determinism()
 
@@ -176,15 +179,16 @@ class Objective:
     def batches(self) -> Iterator[tuple[Inputs, torch.Tensor, float]]:
         """Yield ``(inputs, targets, weight)`` on the objective's device/dtype (float targets cast).
 
-        Raises TypeError at the end of a pass that saw another number of examples than the scan at
-        construction (a one-shot or changing data source: results would be silently wrong)."""
+        Raises TypeError at the end of a pass with another number of examples than the scan, and
+        ``DataChangedError`` at a batch that differs from it (one-shot, shuffled or changing data)."""
         it = self._data
         if self.progress:
             from tqdm.auto import tqdm
 
             it = tqdm(it, total=len(self.batch_sizes), desc="batches", leave=False)
         seen = 0
-        for inputs, targets in it:
+        for k, (inputs, targets) in enumerate(it):
+            self._fingerprint.check(k, inputs, targets, self._data)
             seen += int(targets.shape[0])
             yield (
                 _map_inputs(inputs, self._convert),

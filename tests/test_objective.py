@@ -337,5 +337,6 @@ def test_check_determinism_warns_on_dropout_and_not_otherwise():
         obj = Objective(model, nn.CrossEntropyLoss(), (x, y), check_determinism=True)
     assert obj.check_determinism()
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=5, shuffle=True)
-    with pytest.warns(UserWarning, match="shuffl"):
+    # a shuffling loader is refused outright (tests/test_objective_data_passes.py), no longer a warning
+    with pytest.raises(TypeError, match="order of the examples changed.*shuffle=False"):
         Objective(model, nn.CrossEntropyLoss(), loader, check_determinism=True)
