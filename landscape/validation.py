@@ -454,9 +454,9 @@ def check_determinism(obj: Any, rtol: float = 1e-6) -> bool:
     if not same:
         warnings.warn(
             "Objective: two passes over the data gave different losses; the objective is not a "
-            "deterministic function of the parameters. Typical causes: data augmentation, dropout "
-            "(mode='train'; or pass stochastic='fixed'), or a shuffling DataLoader (use "
-            "shuffle=False). Curvature estimates will be noisy/inconsistent.",
+            "deterministic function of the parameters. Typical cause: dropout (mode='train'; pass "
+            "stochastic='fixed') or another random forward (data that changes between passes is "
+            "refused before this check). Curvature estimates will be noisy/inconsistent.",
             UserWarning,
             stacklevel=4,
         )
