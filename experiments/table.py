@@ -5,6 +5,20 @@ table, and a bar chart with error bars.
 The standard deviation is the sample standard deviation over seeds (``numpy.std(ddof=1)``, the
 ``n - 1`` denominator); with one seed it is undefined and shown as ``nan`` / left out.
 
+Grouping rule (:func:`group_runs`): runs are pooled under one row only when they share the
+variant, the method and every result-relevant key of their ``config.toml`` except the seed
+(:func:`experiments.runner.semantic_config` of the resolved config, without the keys of
+``experiments.runner._NOT_SEMANTIC`` and ``seeds``; the experiment ``name`` is not compared). Runs
+of one method with different settings get one row each, labelled by the fewest dotted keys that
+tell them apart (``sgd [train.lr=0.05]``), and the table notes every differing key;
+``strict=True`` refuses them instead. Runs without a ``config.toml`` are grouped by their
+``metrics.json`` (method, variant) only, with a note. Two runs of one row with the same seed are
+reported and only the first (in path order) is averaged.
+
+Diverged runs (``"status": "diverged"`` in ``metrics.json``; the ``divergence`` of their
+``results.json``) are not averaged: each row counts them (``diverged``: "1 of 3") and lists them;
+a row whose runs all diverged has no numbers, only the count.
+
 ``[paper]`` table of a config: ``source`` (a citation), ``percent`` (metrics the paper prints in
 percent: ours are shown times 100 in those columns) and one sub-table per metric mapping a group
 label (``method`` or ``variant/method``) to ``[mean, std]`` or a number, e.g.
@@ -24,17 +38,52 @@ from typing import Any
 import numpy as np
 import tomllib
 
+from experiments.config import resolve_config
+from experiments.runner import _NOT_SEMANTIC, semantic_config
 from landscape.io import atomic_write, atomic_write_text, read_json, to_jsonable
 
-__all__ = ["aggregate", "collect_runs", "format_table", "plot_table"]
+__all__ = [
+    "aggregate",
+    "collect_runs",
+    "format_table",
+    "group_runs",
+    "plot_table",
+    "run_settings",
+    "table_notes",
+]
 
-_ID_KEYS = ("method", "seed", "variant")
+_ID_KEYS = ("method", "seed", "variant", "status")
+#: config keys that do not change a run's results (the runner's) and the seed list
+_IGNORED = (*_NOT_SEMANTIC, "seeds")
+_UNSET = "(unset)"
+NO_CONFIG = "no config.toml"
+
+
+def _read_toml(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError):
+        return None
+
+
+def _divergence(run_dir: Path) -> dict[str, Any]:
+    """The ``divergence`` record of a diverged run's ``results.json`` ({} when absent)."""
+    try:
+        res = read_json(run_dir / "results.json", what="results file of a run")
+    except (OSError, ValueError):
+        return {}
+    div = res.get("divergence") if isinstance(res, dict) else None
+    return dict(div) if isinstance(div, dict) else {}
 
 
 def collect_runs(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     """The ``metrics.json`` rows under ``paths`` (run directories or any directory above them).
 
-    Each row gains ``_dir`` and ``_paper`` (the run config's ``[paper]`` table, if any).
+    Each row gains ``_dir``, ``_config`` (the run's ``config.toml``, ``None`` without one),
+    ``_paper`` (its ``[paper]`` table, if any), ``_status`` (``completed`` or ``diverged``) and, for
+    a diverged run, ``_divergence`` (from ``results.json``).
     Raises ``FileNotFoundError`` for a missing path and ``ValueError`` when no run is found.
     """
     files: list[Path] = []
@@ -55,14 +104,13 @@ def collect_runs(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
             raise ValueError(f"{f} is not a metrics file of the experiment runner (no 'method' entry)")
         row = dict(row)
         row["_dir"] = str(f.parent)
-        cfg_file = f.parent / "config.toml"
-        paper: dict[str, Any] = {}
-        if cfg_file.is_file():
-            try:
-                paper = tomllib.loads(cfg_file.read_text(encoding="utf-8")).get("paper", {})
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError):
-                paper = {}
-        row["_paper"] = paper
+        cfg = _read_toml(f.parent / "config.toml")
+        row["_config"] = cfg
+        paper = cfg.get("paper", {}) if cfg else {}
+        row["_paper"] = paper if isinstance(paper, dict) else {}
+        row["_status"] = str(row.get("status") or "completed")
+        if row["_status"] != "completed":
+            row["_divergence"] = _divergence(f.parent)
         rows.append(row)
     if not rows:
         raise ValueError(
@@ -71,50 +119,245 @@ def collect_runs(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     return rows
 
 
-def _label(row: dict[str, Any]) -> str:
+# ----------------------------------------------------------------------------------------- grouping
+def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif prefix:
+        out[prefix] = node
+
+
+def run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The result-relevant settings of a run's config as dotted keys (``train.lr``,
+    ``methods.sam.hyperparameters.rho``, ...): the resolved config (as read when it no longer
+    resolves), :func:`~experiments.runner.semantic_config`, without the runner's non-semantic keys
+    and ``seeds``. Lists are one value; empty tables are left out."""
+    try:
+        cfg = resolve_config(cfg)
+    except (ValueError, TypeError, KeyError):
+        cfg = dict(cfg)  # an older or foreign config: compared as written
+    keep = {k: v for k, v in semantic_config(cfg).items() if k not in _IGNORED}
+    methods = keep.pop("methods", None)
+    out: dict[str, Any] = {}
+    _flatten(keep, "", out)
+    if isinstance(methods, list):
+        names = [m.get("name") if isinstance(m, dict) else None for m in methods]
+        unique = len(set(names)) == len(names) and None not in names
+        for i, m in enumerate(methods):
+            _flatten(m, f"methods.{names[i] if unique else i}", out)
+    elif methods is not None:
+        out["methods"] = methods
+    return out
+
+
+def _canon(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+
+
+def _row_label(row: dict[str, Any]) -> str:
     return f"{row['variant']}/{row['method']}" if row.get("variant") else str(row["method"])
 
 
-def aggregate(rows: list[dict[str, Any]], metrics: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """One entry per group (variant/method, in first-seen order): ``group``, ``n``, ``seeds`` and
-    ``mean`` / ``std`` (ddof=1) / ``values`` per metric."""
+def _row_config(row: dict[str, Any]) -> dict[str, Any] | None:
+    """``_config`` of a row of :func:`collect_runs`; for other rows (the runner's own) the
+    ``config.toml`` of its ``_dir``."""
+    if "_config" in row:
+        return row["_config"]
+    return _read_toml(Path(row["_dir"]) / "config.toml") if row.get("_dir") else None
+
+
+def _label_keys(flats: list[dict[str, str]], keys: list[str]) -> list[str]:
+    """Few keys (greedily, the one that tells most pairs apart first) that tell every setting apart."""
+    pairs = [(i, j) for i in range(len(flats)) for j in range(i + 1, len(flats))]
+    chosen: list[str] = []
+    while pairs:
+        best = max(keys, key=lambda k: sum(flats[i][k] != flats[j][k] for i, j in pairs))
+        chosen.append(best)
+        pairs = [(i, j) for i, j in pairs if flats[i][best] == flats[j][best]]
+    return [k for k in keys if k in chosen]
+
+
+def group_runs(rows: list[dict[str, Any]], *, strict: bool = False) -> list[dict[str, Any]]:
+    """The rows in groups by the grouping rule of the module docstring, in first-seen order.
+
+    Each group: ``group`` (the label), ``base`` (``method`` or ``variant/method``), ``settings``
+    (the label's keys and values), ``differing`` (every key in which the runs of ``base`` differ),
+    ``config`` (whether the runs' settings were compared), ``rows`` (one per seed) and
+    ``duplicates`` (``{"seed", "dirs"}``: runs of one seed and setting; the first is kept).
+    ``strict=True`` raises ``ValueError`` naming the keys when runs of one method differ, and
+    naming the directories when a seed appears twice.
+    """
+    by_base: dict[str, dict[str | None, list[dict[str, Any]]]] = {}
+    flats: dict[str | None, dict[str, Any]] = {}
+    for r in rows:
+        cfg = _row_config(r)
+        flat = run_settings(cfg) if isinstance(cfg, dict) else None
+        key = None if flat is None else json.dumps({k: _canon(v) for k, v in flat.items()}, sort_keys=True)
+        if flat is not None:
+            flats[key] = flat
+        by_base.setdefault(_row_label(r), {}).setdefault(key, []).append(r)
+    groups: list[dict[str, Any]] = []
+    for base, subs in by_base.items():
+        configured = [k for k in subs if k is not None]
+        differing: list[str] = []
+        if len(configured) > 1:
+            for k in configured:
+                differing += [d for d in flats[k] if d not in differing]
+            canon = [{d: _canon(flats[k].get(d, _UNSET)) for d in differing} for k in configured]
+            differing = [d for d in differing if len({c[d] for c in canon}) > 1]
+            shown = _label_keys(canon, differing)
+        if strict and len(subs) > 1:
+            what = f"differ in {', '.join(differing)}" if differing else "are partly without config.toml"
+            raise ValueError(
+                f"runs of {base!r} {what}; --strict refuses to tabulate them together (without it "
+                "they get one row per setting)"
+            )
+        for key, members in subs.items():
+            settings: dict[str, Any] = {}
+            if key is None:
+                label = base if len(subs) == 1 else f"{base} [{NO_CONFIG}]"
+            elif len(configured) > 1:
+                settings = {d: flats[key].get(d, _UNSET) for d in shown}
+                label = f"{base} [{', '.join(f'{d}={_canon(v)}' for d, v in settings.items())}]"
+            else:
+                label = base
+            kept: dict[Any, dict[str, Any]] = {}
+            dups: dict[Any, list[str]] = {}
+            for m in members:
+                seed = m.get("seed")
+                if seed in kept:
+                    dups.setdefault(seed, [kept[seed].get("_dir", "?")]).append(m.get("_dir", "?"))
+                else:
+                    kept[seed] = m
+            if strict and dups:
+                seed, dirs = next(iter(dups.items()))
+                raise ValueError(f"group {label!r} holds seed {seed} twice; runs: {dirs}")
+            groups.append(
+                {
+                    "group": label,
+                    "base": base,
+                    "settings": settings,
+                    "differing": differing if key is not None else [],
+                    "config": key is not None,
+                    "rows": list(kept.values()),
+                    "duplicates": [{"seed": s, "dirs": d} for s, d in dups.items()],
+                }
+            )
+    return groups
+
+
+def _is_completed(row: dict[str, Any]) -> bool:
+    return str(row.get("_status") or row.get("status") or "completed") == "completed"
+
+
+def _diverged_record(row: dict[str, Any]) -> dict[str, Any]:
+    div = row.get("_divergence")
+    if div is None and row.get("_dir"):
+        div = _divergence(Path(row["_dir"]))
+    div = div or {}
+    rec = {"dir": row.get("_dir", ""), "seed": row.get("seed")}
+    rec["status"] = str(row.get("_status") or row.get("status"))
+    for k in ("step", "epoch", "loss", "reason"):
+        rec[k] = div.get(k)
+    # experiments.divergence.DivergenceRecord writes ``reference`` (the initial loss) and ``detail``
+    rec["reference_loss"] = div.get("reference_loss", div.get("reference"))
+    if div.get("detail"):
+        rec["detail"] = div["detail"]
+    return rec
+
+
+def aggregate(
+    rows: list[dict[str, Any]], metrics: Sequence[str] | None = None, *, strict: bool = False
+) -> list[dict[str, Any]]:
+    """One entry per group of :func:`group_runs` (first-seen order): ``group``, ``base``,
+    ``settings``, ``differing``, ``config``, ``duplicates``; ``n`` and ``seeds`` of the completed
+    runs averaged; ``runs`` (all runs of the group), ``diverged`` (how many of them diverged),
+    ``diverged_runs`` (``dir``, ``seed``, ``step``, ``epoch``, ``loss``, ``reference_loss``,
+    ``reason``), ``dirs``; ``mean`` / ``std`` (ddof=1) / ``values`` per metric over the completed
+    runs (nan without any)."""
     if metrics is None:
         metrics = []
         for r in rows:
             metrics += [k for k in r if k not in _ID_KEYS and not k.startswith("_") and k not in metrics]
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault(_label(r), []).append(r)
     out = []
-    for label, members in groups.items():
-        seeds = [m.get("seed") for m in members]
-        if len(set(seeds)) != len(seeds):
-            dirs = [m["_dir"] for m in members]
-            raise ValueError(f"group {label!r} holds the same seed twice ({seeds}); runs: {dirs}")
+    for g in group_runs(rows, strict=strict):
+        done = [r for r in g["rows"] if _is_completed(r)]
+        failed = [r for r in g["rows"] if not _is_completed(r)]
         entry: dict[str, Any] = {
-            "group": label,
-            "n": len(members),
-            "seeds": seeds,
+            "group": g["group"],
+            "base": g["base"],
+            "settings": g["settings"],
+            "differing": g["differing"],
+            "config": g["config"],
+            "n": len(done),
+            "seeds": [r.get("seed") for r in done],
+            "runs": len(g["rows"]),
+            "diverged": len(failed),
+            "diverged_runs": [_diverged_record(r) for r in failed],
+            "duplicates": g["duplicates"],
+            "dirs": [r.get("_dir", "") for r in g["rows"]],
             "mean": {},
             "std": {},
             "values": {},
-            "paper": members[0].get("_paper", {}),
+            "paper": g["rows"][0].get("_paper", {}),
         }
         for m in metrics:
-            vals = [float(r[m]) if isinstance(r.get(m), (int, float)) else math.nan for r in members]
+            vals = [float(r[m]) if isinstance(r.get(m), (int, float)) else math.nan for r in done]
             arr = np.asarray(vals, dtype=np.float64)
             entry["values"][m] = vals
-            entry["mean"][m] = float(arr.mean())
+            entry["mean"][m] = float(arr.mean()) if len(arr) else math.nan
             entry["std"][m] = float(arr.std(ddof=1)) if len(arr) > 1 else math.nan
         out.append(entry)
     return out
 
 
+_NOTE_KINDS = ("settings", "config", "duplicates", "diverged")
+
+
+def table_notes(entries: list[dict[str, Any]], kinds: Sequence[str] = _NOTE_KINDS) -> list[str]:
+    """The lines a table needs under it, of the ``kinds`` asked for: ``settings``, the keys in which
+    runs of one method differ (one line); ``config``, runs without ``config.toml``; ``duplicates``,
+    repeated seeds (with their directories); ``diverged``, one line per diverged run."""
+    notes = []
+    differing: list[str] = []
+    for e in entries:
+        differing += [k for k in e.get("differing", []) if k not in differing]
+    if differing and "settings" in kinds:
+        notes.append(
+            f"runs of one method with different settings are in separate rows; they differ in: "
+            f"{', '.join(differing)} (--strict refuses them)"
+        )
+    bare = [e for e in entries if not e.get("config", True)]
+    if bare and "config" in kinds:
+        k = sum(e["runs"] for e in bare)
+        notes.append(
+            f"{k} run(s) without config.toml ({', '.join(e['group'] for e in bare)}): grouped by "
+            "method and variant of metrics.json only, their settings not compared"
+        )
+    for e in entries if "duplicates" in kinds else []:
+        for d in e.get("duplicates", []):
+            notes.append(
+                f"{e['group']}: seed {d['seed']} appears {len(d['dirs'])} times with the same settings "
+                f"({', '.join(d['dirs'])}); only the first is averaged"
+            )
+    for e in entries if "diverged" in kinds else []:
+        for d in e.get("diverged_runs", []):
+            where = f" at step {d['step']}" if d.get("step") is not None else ""
+            where += f" (epoch {d['epoch']})" if d.get("epoch") is not None else ""
+            why = f": {d['reason']}" if d.get("reason") else ""
+            why += f" ({d['detail']})" if d.get("detail") else ""
+            run = f"{e['group']} seed {d['seed']} {d['status']}{where}{why}"
+            notes.append(f"{run}; not averaged ({d['dir']})")
+    return notes
+
+
 def _paper_value(entry: dict[str, Any], metric: str) -> str:
     table = entry["paper"].get(metric)
-    if not isinstance(table, dict) or entry["group"] not in table:
+    key = entry.get("base", entry["group"])
+    if not isinstance(table, dict) or key not in table:
         return ""
-    v = table[entry["group"]]
+    v = table[key]
     if isinstance(v, list) and len(v) == 2:
         return f"{v[0]} ± {v[1]}"
     return str(v)
@@ -125,17 +368,25 @@ def _scale(entry: dict[str, Any], metric: str) -> float:
 
 
 def _cell(mean: float, std: float) -> str:
+    if math.isnan(mean):
+        return "–"
     if math.isnan(std):
         return f"{mean:.4g}"
     return f"{mean:.4g} ± {std:.2g}"
 
 
+def _diverged_cell(entry: dict[str, Any]) -> str:
+    return f"{entry.get('diverged', 0)} of {entry.get('runs', entry['n'])}"
+
+
 def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
-    """The aggregated table as ``markdown``, ``csv`` or ``json`` text."""
+    """The aggregated table as ``markdown``, ``csv`` or ``json`` text. A ``diverged`` column
+    ("1 of 3") appears when a run diverged; Markdown ends with :func:`table_notes`."""
     if fmt == "json":
         return json.dumps(to_jsonable([{k: v for k, v in e.items()} for e in entries]), indent=2) + "\n"
     metrics = list(entries[0]["mean"]) if entries else []
     with_paper = [m for m in metrics if any(_paper_value(e, m) for e in entries)]
+    any_diverged = any(e.get("diverged") for e in entries)
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
@@ -143,6 +394,7 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
             [
                 "group",
                 "n",
+                *(["diverged", "runs"] if any_diverged else []),
                 *[f"{m}_{s}" for m in metrics for s in ("mean", "std")],
                 *[f"{m}_paper" for m in with_paper],
             ]
@@ -152,6 +404,7 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
                 [
                     e["group"],
                     e["n"],
+                    *([e.get("diverged", 0), e.get("runs", e["n"])] if any_diverged else []),
                     *[repr(e[s][m]) for m in metrics for s in ("mean", "std")],
                     *[_paper_value(e, m) for m in with_paper],
                 ]
@@ -159,7 +412,7 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
         return buf.getvalue()
     if fmt != "markdown":
         raise ValueError(f"format must be markdown, csv or json, got {fmt!r}")
-    head = ["method", "seeds"]
+    head = ["method", "seeds", *(["diverged"] if any_diverged else [])]
     for m in metrics:
         pct = entries and any(_scale(e, m) == 100.0 for e in entries)
         head.append(f"{m} (%)" if pct else m)
@@ -167,21 +420,26 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
             head.append(f"{m} (paper)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in entries:
-        cells = [e["group"], str(e["n"])]
+        cells = [e["group"], str(e["n"]), *([_diverged_cell(e)] if any_diverged else [])]
         for m in metrics:
             s = _scale(e, m)
             cells.append(_cell(e["mean"][m] * s, e["std"][m] * s))
             if m in with_paper:
                 cells.append(_paper_value(e, m) or "–")
         lines.append("| " + " | ".join(cells) + " |")
-    notes = sorted({e["paper"]["source"] for e in entries if e["paper"].get("source")})
+    sources = sorted({e["paper"]["source"] for e in entries if e["paper"].get("source")})
     foot = ["", "mean ± sample standard deviation over seeds (ddof = 1)"]
-    foot += [f"paper: {n}" for n in notes]
+    if any_diverged:
+        foot[-1] += "; diverged runs are counted, not averaged"
+    foot += [f"paper: {n}" for n in sources]
+    foot += [f"note: {n}" for n in table_notes(entries)]
     return "\n".join(lines + foot) + "\n"
 
 
 def plot_table(entries: list[dict[str, Any]], path: str | Path, metrics: Sequence[str] | None = None) -> Path:
-    """Bar chart (one panel per metric, one bar per group, error bars = std over seeds) as PNG."""
+    """Bar chart (one panel per metric, one bar per group, error bars = std over seeds) as PNG.
+    Diverged runs are not in the bars; their count is under the group's name, and a group whose
+    runs all diverged has no bar, only the word "diverged"."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -193,11 +451,18 @@ def plot_table(entries: list[dict[str, Any]], path: str | Path, metrics: Sequenc
     cols = min(3, len(metrics))
     rows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
-    labels = [e["group"] for e in entries]
+    labels = [
+        f"{e['group']}\n({_diverged_cell(e)} diverged)" if e.get("diverged") else e["group"] for e in entries
+    ]
     for ax, m in zip(axes.flat, metrics):
-        means = [e["mean"][m] for e in entries]
-        stds = [0.0 if math.isnan(e["std"][m]) else e["std"][m] for e in entries]
-        ax.bar(range(len(entries)), means, yerr=stds, capsize=4, color=f"C{metrics.index(m) % 10}")
+        shown = [i for i, e in enumerate(entries) if not math.isnan(e["mean"][m])]
+        means = [entries[i]["mean"][m] for i in shown]
+        stds = [0.0 if math.isnan(entries[i]["std"][m]) else entries[i]["std"][m] for i in shown]
+        ax.bar(shown, means, yerr=stds, capsize=4, color=f"C{metrics.index(m) % 10}")
+        for i, e in enumerate(entries):
+            if e["n"] == 0 and e.get("diverged"):
+                ax.text(i, 0, "diverged", rotation=90, ha="center", va="bottom", fontsize=8, color="0.3")
+        ax.set_xlim(-0.6, len(entries) - 0.4)
         ax.set_xticks(range(len(entries)), labels, rotation=30, ha="right", fontsize=8)
         ax.set_title(m, fontsize=10)
     for ax in list(axes.flat)[len(metrics) :]:

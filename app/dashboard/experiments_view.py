@@ -2,6 +2,11 @@
 and show their results table (mean ± std over seeds, from :mod:`experiments.table`), per-epoch
 training curves (``log.jsonl``) and reliability diagrams of the trained point models.
 
+Runs are grouped as the table command groups them (:func:`experiments.table.aggregate`: one row per
+method and result-relevant settings, labelled by the keys that differ, e.g.
+``sgd [data.label_noise=0.4]``); the curves have one colour per such group, and diverged runs are
+listed (step, reason) and left out of the means.
+
 The runner saves no test probabilities, so a reliability diagram is recomputed: the run's model is
 rebuilt from its ``config.toml`` and the weights in ``checkpoint.pt`` and evaluated on the run's own
 test set (:func:`experiments.data.prepare_data`), which gives the calibration curve of the point
@@ -21,8 +26,9 @@ from typing import Any
 import plotly.graph_objects as go
 import tomllib
 import torch
+from plotly.colors import qualitative
 
-from experiments.table import aggregate, collect_runs, format_table
+from experiments.table import aggregate, collect_runs, format_table, table_notes
 from landscape.io import read_json
 from toy_problems.figures.palette import METHOD_COLORS, method_color
 
@@ -31,7 +37,12 @@ from .layout import LEGEND_BELOW
 __all__ = [
     "DEFAULT_ROOT_ENV",
     "color_of",
+    "default_reliability_runs",
     "default_root",
+    "diverged_rows",
+    "group_colors",
+    "run_groups",
+    "table_notes",
     "find_runs",
     "results_table",
     "table_rows",
@@ -93,24 +104,80 @@ def run_label(run_dir: str | Path, root: str | Path | None = None) -> str:
     return str(p)
 
 
-def results_table(run_dirs: list[str]) -> list[dict[str, Any]]:
-    """:func:`experiments.table.aggregate` of the runs' ``metrics.json`` rows (one entry per
-    variant/method with ``mean`` / ``std`` (ddof = 1) / ``values`` per metric)."""
+def results_table(run_dirs: list[str], *, strict: bool = False) -> list[dict[str, Any]]:
+    """:func:`experiments.table.aggregate` of the runs' ``metrics.json`` rows (one entry per group:
+    variant/method and settings, with ``mean`` / ``std`` (ddof = 1) / ``values`` per metric over the
+    completed runs, ``diverged`` / ``diverged_runs``, ``dirs``)."""
     if not run_dirs:
         raise ValueError("no runs chosen; pick at least one run directory")
-    return aggregate(collect_runs(run_dirs))
+    return aggregate(collect_runs(run_dirs), strict=strict)
 
 
 def table_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One flat row per group for display: ``method``, ``seeds`` and ``<metric> mean`` / ``std``."""
+    """One flat row per group for display: ``method`` (the group label), ``seeds`` (completed runs
+    averaged), ``diverged`` ("1 of 3", only when a run diverged) and ``<metric> mean`` / ``std``."""
+    any_diverged = any(e.get("diverged") for e in entries)
     rows = []
     for e in entries:
         row: dict[str, Any] = {"method": e["group"], "seeds": e["n"]}
+        if any_diverged:
+            row["diverged"] = f"{e['diverged']} of {e['runs']}"
         for m in e["mean"]:
             row[f"{m} mean"] = e["mean"][m]
             row[f"{m} std"] = e["std"][m]
         rows.append(row)
     return rows
+
+
+def diverged_rows(entries: list[dict[str, Any]], root: str | Path | None = None) -> list[dict[str, Any]]:
+    """One row per diverged run: ``group``, ``run`` (its path below ``root``), ``seed``, ``step``,
+    ``epoch``, ``loss``, ``reference loss`` and ``reason`` (from its ``results.json``)."""
+    return [
+        {
+            "group": e["group"],
+            "run": run_label(d["dir"], root),
+            "seed": d["seed"],
+            "step": d["step"],
+            "epoch": d["epoch"],
+            "loss": d["loss"],
+            "reference loss": d["reference_loss"],
+            "reason": (d["reason"] or d["status"]) + (f" ({d['detail']})" if d.get("detail") else ""),
+        }
+        for e in entries
+        for d in e.get("diverged_runs", [])
+    ]
+
+
+def run_groups(entries: list[dict[str, Any]]) -> dict[str, str]:
+    """Run directory -> its group label in the table (diverged runs included)."""
+    return {str(d): e["group"] for e in entries for d in e.get("dirs", [])}
+
+
+def group_colors(groups: list[str]) -> dict[str, str]:
+    """One distinct colour per group label: the first group of a method keeps the method's palette
+    colour (:func:`color_of`), further groups of it (other settings or variants) take unused ones."""
+    spare = [*_EXTRA, *qualitative.Dark24, *qualitative.Alphabet]
+    out: dict[str, str] = {}
+    for g in groups:
+        c = color_of(g.split(" [")[0])
+        if c in out.values():
+            c = next((x for x in spare if x not in out.values()), spare[len(out) % len(spare)])
+        out[g] = c
+    return out
+
+
+def default_reliability_runs(entries: list[dict[str, Any]]) -> list[str]:
+    """Per group, the first completed run that has a checkpoint (the diagram's default runs)."""
+    failed = {d["dir"] for e in entries for d in e.get("diverged_runs", [])}
+    out = []
+    for e in entries:
+        for d in e.get("dirs", []):
+            p = Path(d)
+            ckpt = (p / "checkpoint.pt").is_file() or (p / "member0" / "checkpoint.pt").is_file()
+            if d not in failed and ckpt:
+                out.append(d)
+                break
+    return out
 
 
 def table_csv(entries: list[dict[str, Any]]) -> bytes:
@@ -152,9 +219,17 @@ def curve_keys(histories: dict[str, list[dict[str, Any]]]) -> list[str]:
     return keys
 
 
-def curves_figure(histories: dict[str, list[dict[str, Any]]], methods: dict[str, str], key: str) -> go.Figure:
-    """``key`` against epoch, one line per run (``histories`` by run label), coloured by method
-    (``methods``: run label -> method); one legend entry per method."""
+def curves_figure(
+    histories: dict[str, list[dict[str, Any]]],
+    methods: dict[str, str],
+    key: str,
+    colors: dict[str, str] | None = None,
+) -> go.Figure:
+    """``key`` against epoch, one line per run (``histories`` by run label), coloured by group
+    (``methods``: run label -> group label of the table; ``colors``: group -> colour, default
+    :func:`group_colors`); one legend entry per group."""
+    if colors is None:
+        colors = group_colors(list(dict.fromkeys(methods.values())))
     fig = go.Figure()
     shown: set[str] = set()
     for label, hist in histories.items():
@@ -170,7 +245,7 @@ def curves_figure(histories: dict[str, list[dict[str, Any]]], methods: dict[str,
                 name=method,
                 legendgroup=method,
                 showlegend=method not in shown,
-                line={"color": color_of(method)},
+                line={"color": colors.get(method) or color_of(method)},
                 hovertext=label,
                 meta={"run": label, "method": method},
             )

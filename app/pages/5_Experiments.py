@@ -20,19 +20,18 @@ page_header(
 )
 
 
-def new_root() -> None:
-    """Another directory: its runs start all selected (not the previous directory's selection)."""
-    for key in ("exp_runs", "exp_curves", "exp_reliability"):
-        st.session_state.pop(key, None)
-
-
 root = st.text_input(
     "directory with runs",
     value=ev.default_root(),
     key="exp_root",
     help=f"the out_dir of the runner (default runs/, or ${ev.DEFAULT_ROOT_ENV})",
-    on_change=new_root,
 )
+# the selections belong to the directory they were made in: another directory (typed, or from
+# $SHARPSCAPE_RUNS) starts with all its runs selected, not with the previous directory's chips
+if st.session_state.get("exp_selection_root") != root:
+    for key in ("exp_runs", "exp_curves", "exp_reliability"):
+        st.session_state.pop(key, None)
+    st.session_state["exp_selection_root"] = root
 found: list[str] = []
 with readable_errors("list the runs"):
     found = ev.find_runs(root)
@@ -48,9 +47,10 @@ if not chosen:
     st.stop()
 dirs = [labels[c] for c in chosen]
 
+entries: list[dict] = []
 with readable_errors("tabulate the runs"):
     entries = ev.results_table(dirs)
-    st.subheader("Results: mean ± std over seeds per method")
+    st.subheader("Results: mean ± std over seeds per method and settings")
     st.dataframe(ev.table_rows(entries), hide_index=True, key="exp_table")
     st.download_button(
         "download table (CSV)",
@@ -61,19 +61,30 @@ with readable_errors("tabulate the runs"):
         on_click="ignore",
     )
     st.caption("std is the sample standard deviation over seeds (ddof = 1); nan with one seed or where a "
-               "method has no such metric (e.g. bma_* for non-Bayesian methods).")  # fmt: skip
+               "method has no such metric (e.g. bma_* for non-Bayesian methods). Runs are averaged "
+               "only with runs of the same method and settings (config.toml, all but the seed).")  # fmt: skip
+    for line in ev.table_notes(entries, ("settings", "config")):
+        st.info(line)
+    for line in ev.table_notes(entries, ("duplicates",)):
+        st.warning(line)
+    failed = ev.diverged_rows(entries, root)
+    if failed:
+        st.subheader("Diverged runs (counted, not in the means)")
+        st.dataframe(failed, hide_index=True, key="exp_diverged")
 
 with readable_errors("read the training logs"):
     histories = {c: ev.read_history(labels[c]) for c in chosen}
-    methods = {c: ev.run_method(labels[c]) for c in chosen}
+    groups = ev.run_groups(entries)
+    methods = {c: groups.get(labels[c]) or ev.run_method(labels[c]) for c in chosen}
+    colors = ev.group_colors(list(dict.fromkeys(methods.values())))
     keys = ev.curve_keys(histories)
     if keys:
-        st.subheader("Training curves (log.jsonl, one colour per method, one line per seed)")
+        st.subheader("Training curves (log.jsonl, one colour per table row, one line per seed)")
         default = [k for k in ("train_loss", "test_accuracy") if k in keys] or keys[:1]
         shown = st.multiselect("curves", keys, default=default, key="exp_curves")
         cols = st.columns(max(1, min(len(shown), 3)))
         for i, key in enumerate(shown):
-            fig = ev.curves_figure(histories, methods, key)
+            fig = ev.curves_figure(histories, methods, key, colors)
             show_figure(fig, f"curve_{key}", key=f"exp_curve_{key}", container=cols[i % len(cols)])
     else:
         st.info("The chosen runs have no per-epoch log (log.jsonl).")
@@ -82,12 +93,11 @@ st.subheader("Reliability diagram (test set, point model)")
 st.caption("The runner saves no probabilities: each chosen run's model is rebuilt from its config.toml "
            "and checkpoint.pt and evaluated on its own test set; the recomputed ECE is shown next to "
            "the one in metrics.json.")  # fmt: skip
-first_per_method: dict[str, str] = {}
-for c in chosen:
-    first_per_method.setdefault(ev.run_method(labels[c]), c)
-rel = st.multiselect(
-    "runs in the diagram", chosen, default=list(first_per_method.values()), key="exp_reliability"
-)
+label_of = {d: c for c, d in labels.items() if c in chosen}
+default_rel = [label_of[d] for d in ev.default_reliability_runs(entries) if d in label_of]
+if not set(st.session_state.get("exp_reliability") or ()) <= set(chosen):
+    st.session_state.pop("exp_reliability", None)  # runs no longer chosen: back to the default
+rel = st.multiselect("runs in the diagram", chosen, default=default_rel, key="exp_reliability")
 n_bins = st.select_slider("bins", [5, 10, 15, 20], value=20, key="exp_bins")
 if rel:
     with readable_errors("compute the reliability diagram"):
