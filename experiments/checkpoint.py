@@ -7,11 +7,21 @@ augmentation generators, the epoch and step counters and the per-epoch history. 
 :func:`landscape.io.atomic_write` (a crash leaves the previous checkpoint intact) and read with
 ``torch.load(weights_only=True)``; a run resumed from it continues bit-identically on the same
 device and software.
+
+It also records the fingerprints of the run's training and test data
+(:func:`experiments.data.data_fingerprints`): a resume on other data is refused, naming the set
+that changed. A file that is not such a checkpoint (e.g. a pickle holding code) is refused in one
+line naming it, without running anything in it; a write that fails (a full disk) names the path,
+the bytes needed and the space free, and leaves the previous checkpoint intact.
 """
 
 from __future__ import annotations
 
+import pickle
 import random
+import re
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +83,24 @@ def _set_generator_states(opt: Any, states: dict[str, torch.Tensor]) -> None:
 
 
 def save_checkpoint(
-    path: str | Path, *, model, optimizer, scheduler, scaler, generators, counters, history, fingerprint
+    path: str | Path,
+    *,
+    model,
+    optimizer,
+    scheduler,
+    scaler,
+    generators,
+    counters,
+    history,
+    fingerprint,
+    data_fingerprint: dict[str, str] | None = None,
 ) -> None:
-    """Write the checkpoint of a run atomically (see the module docstring)."""
+    """Write the checkpoint of a run atomically (see the module docstring).
+
+    Raises:
+        OSError: the file could not be written (the message names the path, the bytes needed and
+            the space free; an existing checkpoint at ``path`` is left as it was).
+    """
     blob = {
         "format": "experiments-checkpoint-1",
         "fingerprint": fingerprint,
@@ -89,15 +114,73 @@ def save_checkpoint(
         "rng": capture_rng(),
         "history": history,
     }
-    atomic_write(path, lambda p: torch.save(blob, p))
+    if data_fingerprint is not None:
+        blob["data"] = dict(data_fingerprint)
+    try:
+        atomic_write(path, lambda p: torch.save(blob, p))
+    except (OSError, RuntimeError) as exc:
+        raise _write_error(Path(path), blob, exc) from exc
+
+
+def _tensor_bytes(obj: Any, seen: set[tuple[int, int]]) -> int:
+    """Bytes of the tensor storages in ``obj`` (each storage once)."""
+    if isinstance(obj, torch.Tensor):
+        st = obj.untyped_storage()
+        key = (st.data_ptr(), st.nbytes())
+        if key in seen:
+            return 0
+        seen.add(key)
+        return st.nbytes() + 512  # and the zip entry and pickle record of the tensor
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v, seen) for v in obj)
+    return 0
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _write_error(path: Path, blob: dict[str, Any], exc: BaseException) -> OSError:
+    """One line for a failed checkpoint write: path, bytes needed (estimated), space free."""
+    need = _tensor_bytes(blob, set()) + len(pickle.dumps(blob.get("history", []))) + 64 * 1024
+    try:
+        n = shutil.disk_usage(path.parent).free
+        free = f"{n:,} bytes ({_mb(n)})"
+    except OSError:
+        free = "an unknown number of bytes"
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    kept = "the previous checkpoint is intact" if path.is_file() else "no checkpoint was written"
+    err = OSError(
+        f"could not write the checkpoint {path} ({type(exc).__name__}: {reason}): it needs about "
+        f"{need:,} bytes ({_mb(need)}), the file system has {free} free; {kept} — free some space (or "
+        "choose an out_dir on another disk) and run the same command again to resume"
+    )
+    err.errno = getattr(exc, "errno", None)
+    return err
+
+
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
 def _read(path: str | Path, fingerprint: str) -> dict[str, Any]:
     try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of foreign files
+            warnings.simplefilter("ignore")
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = _GLOBAL.search(str(exc))
+        what = f"Python objects ({found.group(1)})" if found else "Python objects"
         raise ValueError(
-            f"{path}: not a readable checkpoint ({type(exc).__name__}: {exc}); "
+            f"{path}: refused to load: it holds pickled {what} that no checkpoint of the experiment "
+            "runner contains, so this runner did not write it (nothing in it was run) — delete it to start "
+            "the run afresh; do not load it with weights_only=False unless you trust its source"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ValueError(
+            f"{path}: not a readable checkpoint ({type(exc).__name__}: {reason}); "
             "delete it to start the run afresh"
         ) from None
     if not isinstance(blob, dict) or blob.get("format") != "experiments-checkpoint-1":
@@ -110,6 +193,24 @@ def _read(path: str | Path, fingerprint: str) -> dict[str, Any]:
     return blob
 
 
+def _check_data(path: str | Path, blob: dict[str, Any], now: dict[str, str] | None) -> None:
+    """Refuse a checkpoint trained on other data than ``now`` (checkpoints without a record pass)."""
+    then = blob.get("data")
+    if not isinstance(then, dict) or now is None:
+        return
+    changed = [
+        f"the {name} set (sha256 {then[k][:12]}…, now {now[k][:12]}…)"
+        for k, name in (("train", "training"), ("test", "test"))
+        if k in then and k in now and then[k] != now[k]
+    ]
+    if changed:
+        raise ValueError(
+            f"{path} was written on other data: {' and '.join(changed)} changed since (inputs or labels, "
+            "e.g. data files replaced between the interruption and this resume) — put the original data "
+            "back to resume, or use another out_dir / delete the run directory to start afresh"
+        )
+
+
 def check_checkpoint(path: str | Path, fingerprint: str) -> None:
     """Raise ``ValueError`` if ``path`` exists and is not a checkpoint of this configuration."""
     if Path(path).is_file():
@@ -117,15 +218,25 @@ def check_checkpoint(path: str | Path, fingerprint: str) -> None:
 
 
 def load_checkpoint(
-    path: str | Path, *, model, optimizer, scheduler, scaler, generators, fingerprint
+    path: str | Path,
+    *,
+    model,
+    optimizer,
+    scheduler,
+    scaler,
+    generators,
+    fingerprint,
+    data_fingerprint: dict[str, str] | None = None,
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """Restore a run from ``path``; returns ``(counters, history)``.
 
     Raises:
         ValueError: the file is not a checkpoint of this runner, or it belongs to a run with another
-            configuration (its fingerprint differs).
+            configuration (its fingerprint differs), or it was trained on other data than
+            ``data_fingerprint`` (:func:`experiments.data.data_fingerprints`).
     """
     blob = _read(path, fingerprint)
+    _check_data(path, blob, data_fingerprint)
     model.load_state_dict(blob["model"])
     optimizer.load_state_dict(blob["optimizer"])
     _set_generator_states(optimizer, blob["optimizer_generators"])

@@ -2,9 +2,17 @@
 
 Every failure ends in one ``error: <what> — <how to fix>`` line on stderr (``--debug`` adds the
 traceback) and an exit status: 2 for a bad command line or configuration (unknown key, method or
-model, wrong type), 1 for a failure while running (missing data directory, divergence), 130 / 143
+model, wrong type), 1 for a failure while running (missing data directory), 130 / 143
 when interrupted (Ctrl-C / SIGTERM; the epochs completed so far are checkpointed and the same
 command resumes).
+
+A run that diverges (:mod:`experiments.divergence`: non-finite loss, weights or predictions, or a
+training loss above ``train.divergence_factor`` times the initial one) does not stop the sweep: it
+is recorded (``results.json`` with ``status = "diverged"``) and ``run`` goes on with the next runs,
+prints the table of the finished ones, one ``diverged: <run dir>: <reason> ...`` line per diverged
+run on stderr and ends with ``error: N of M runs diverged`` and exit status 3. Running the same
+command again trains nothing anew for those runs (their result is kept) and exits with 3 again.
+``table`` does not average them (see :mod:`experiments.table`).
 """
 
 from __future__ import annotations
@@ -25,7 +33,12 @@ def _parser() -> Parser:
     )
     add_debug_option(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run = sub.add_parser("run", help="train and evaluate every run of a config (resumable)")
+    run = sub.add_parser(
+        "run",
+        help="train and evaluate every run of a config (resumable)",
+        epilog="exit status: 0 all runs finished, 1 a failure, 2 a bad config or command line, "
+        "3 some runs diverged (recorded; the others finished), 130 / 143 interrupted",
+    )
     run.add_argument("config", help="TOML config file (see configs/)")
     run.add_argument(
         "overrides",
@@ -39,13 +52,21 @@ def _parser() -> Parser:
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_debug_option(run)
+    run.intermixed = "overrides"  # options may stand among the overrides: a=1 --no-progress b=2
     table = sub.add_parser("table", help="mean ± std over seeds per method and metric")
     table.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or directories above them")
     table.add_argument("--format", choices=("markdown", "csv", "json"), default="markdown")
     table.add_argument("--out", help="write the table to this file (atomically) instead of stdout")
     table.add_argument("--plot", help="also write a bar chart with error bars (PNG)")
     table.add_argument("--metrics", help="comma-separated metrics to show (default: all)")
+    table.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse runs of one method whose settings (config.toml, all but the seed) differ, instead of "
+        "giving each setting its own row",
+    )
     add_debug_option(table)
+    table.intermixed = "runs"
     return parser
 
 
@@ -82,12 +103,15 @@ def _run(args: Any) -> int:
     ctx = from_environment(cfg["distributed"], device)
     mine = ctx.my_runs(runs)
     progress = cfg["progress"] and not args.no_progress
-    rows = []
+    rows, diverged = [], []
     try:
         for i, r in enumerate(mine, 1):
             if ctx.is_main:
                 note(f"run {i}/{len(mine)}: {r.run_dir}")
             metrics = run_one(r, device=device, ctx=ctx, progress=progress)
+            if metrics.get("status") == "diverged":
+                diverged.append((r, metrics.get("divergence", {})))
+                continue
             rows.append(
                 {"method": r.method, "seed": r.seed, "variant": r.variant, "_dir": str(r.run_dir), **metrics}
             )
@@ -112,7 +136,26 @@ def _run(args: Any) -> int:
             k for k in rows[0] if k not in ("method", "seed", "variant", "_dir") and not k.startswith("c10c_")
         ]
         print(format_table(aggregate(rows, shown[:8])), end="")
+    if diverged and ctx.is_main:
+        _report_diverged(diverged, len(mine))
     return 0
+
+
+def _report_diverged(diverged: list[tuple[Any, dict[str, Any]]], total: int) -> None:
+    """One ``diverged:`` line per run on stderr, then exit status 3 (see the module docstring)."""
+    from experiments.divergence import DivergenceRecord
+
+    sys.stdout.flush()
+    for r, rec in diverged:
+        known = {k: v for k, v in rec.items() if k in DivergenceRecord.__dataclass_fields__}
+        text = DivergenceRecord(**{"reason": "diverged", **known}).describe()
+        print(f"diverged: {r.run_dir}: {text}", file=sys.stderr, flush=True)
+    raise CliError(
+        f"{len(diverged)} of {total} runs diverged",
+        "their results.json record where and why (the other runs finished); lower the learning rate "
+        "or rho, or set train.divergence_factor (0 turns the growth check off) in a new out_dir",
+        status=3,
+    )
 
 
 def _table(args: Any) -> int:
@@ -131,7 +174,10 @@ def _table(args: Any) -> int:
                 f"--metrics: unknown metric(s) {bad}",
                 f"choose among {sorted(known - {'method', 'seed', 'variant'})}",
             )
-    entries = aggregate(rows, metrics)
+    try:
+        entries = aggregate(rows, metrics, strict=args.strict)
+    except ValueError as exc:
+        raise UsageError(str(exc), "drop --strict to give each setting its own row") from None
     text = format_table(entries, args.format)
     if args.out:
         write_text(args.out, text)

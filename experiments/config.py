@@ -4,7 +4,8 @@ A configuration is a nested dict read with Python's :mod:`tomllib`, merged over 
 and checked: every key must be known (a misspelt key raises :class:`ConfigError` naming it and the
 closest known key), every value must have the default's type (an int is accepted where a float is
 expected) and every choice must be one of the allowed ones. Free-form tables (``model.kwargs``,
-``data.kwargs``, ``methods[i].hyperparameters``, ``paper``, ...) are passed on unchecked.
+``data.kwargs``, ``methods[i].hyperparameters``, ``paper``, ...) are passed on unchecked. Every
+float must be finite and fit float32 (``lr = 1e39`` is refused naming ``train.lr``; see FLOAT32_MAX).
 
 Overrides are Hydra-style ``key=value`` strings: ``train.epochs=3``, ``seeds=[0,1]``,
 ``data.name=cifar10:/data/cifar10``, ``methods.sam.hyperparameters.rho=0.1`` (a method is addressed
@@ -30,12 +31,15 @@ from typing import Any
 
 import tomllib
 
+from experiments.budget import apply_budget, data_limit
+
 __all__ = [
     "CHOICES",
     "DEFAULTS",
     "ConfigError",
     "apply_budget",
     "apply_overrides",
+    "data_limit",
     "load_config",
     "parse_override",
     "resolve_config",
@@ -71,6 +75,7 @@ DEFAULTS: dict[str, Any] = {
         "label_noise_mode": "flip",
         "label_noise_seed": -1,
         "num_data_factor": 1.0,
+        "allow_test_as_train": False,
     },
     "model": {"name": "mlp", "kwargs": {}},
     "train": {
@@ -84,6 +89,7 @@ DEFAULTS: dict[str, Any] = {
         "swa_lr": 0.0,
         "swa_start": 0.0,
         "min_lr": 0.0,
+        "divergence_factor": 10.0,  # a loss above 10x the initial one: diverged (experiments.divergence)
         "label_smoothing": 0.0,
         "drop_last": False,
         "optimizer_defaults": {},
@@ -282,9 +288,24 @@ def _check_type(where: str, value: Any, default: Any) -> Any:
             f"config key {where} must be {_TYPE_NAMES.get(want, want.__name__)}, got {value!r} "
             f"({type(value).__name__})"
         )
-    if want is float and not math.isfinite(value):
-        raise ConfigError(f"config key {where} must be finite, got {value!r}")
+    if want is float and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
+        raise ConfigError(f"config key {where} must be {_FINITE}, got {value!r}")
     return value
+
+
+#: The largest float32: every float of a config, and of its optimizer arguments, must fit (a run may
+#: train in float32, where ``lr = 1e39`` becomes infinite).
+FLOAT32_MAX = 3.4028234663852886e38
+_FINITE = "a finite number below 3.4e38 in magnitude (the float32 range)"
+
+
+def _check_free_numbers(where: str, table: Mapping[str, Any]) -> None:
+    """No NaN and no finite value beyond float32 in a table of optimizer arguments (lists included);
+    infinity is checked against the constructor's default (:func:`experiments.methods.check_method`)."""
+    for key, value in table.items():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and (math.isnan(v) or (math.isfinite(v) and abs(v) > FLOAT32_MAX)):
+                raise ConfigError(f"config key {where}.{key} must be {_FINITE}, got {value!r}")
 
 
 def _merge(where: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -362,6 +383,7 @@ def _check_methods(methods: Any) -> list[dict[str, Any]]:
         if not m["optimizer"]:
             raise ConfigError(f'methods[{i}] has no optimizer; write optimizer = "sgd" (or sam, bsam, ...)')
         m["name"] = m["name"] or m["optimizer"]
+        _check_free_numbers(f"methods.{m['name']}.hyperparameters", m["hyperparameters"])
         if m["name"] in seen:
             raise ConfigError(f"two methods are named {m['name']!r}; give each method a distinct name")
         seen.add(m["name"])
@@ -417,6 +439,8 @@ def _check_numbers(cfg: dict[str, Any]) -> None:
             "train.milestones must list epochs (>= 1) or fractions of the run (< 1), all > 0; "
             f"got {t['milestones']!r}"
         )
+    if not t["divergence_factor"] >= 0:  # NaN too
+        raise ConfigError(f"train.divergence_factor must be >= 0 (0 = off), got {t['divergence_factor']}")
     if not 0 <= t["min_lr"] <= t["lr"]:
         raise ConfigError(f"train.min_lr must be in [0, train.lr = {t['lr']}], got {t['min_lr']}")
     if t["schedule"] == "swa" and not (t["swa_lr"] > 0 and t["swa_start"] > 0):
@@ -450,40 +474,9 @@ def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"a config is a TOML table, got {type(raw).__name__}")
     cfg = _merge("", raw, DEFAULTS)
     cfg["methods"] = _check_methods(cfg["methods"])
+    _check_free_numbers("train.optimizer_defaults", cfg["train"]["optimizer_defaults"])
     _check_numbers(cfg)
     _check_sweep(cfg)
     if not cfg["name"]:
         cfg["name"] = "experiment"
     return cfg
-
-
-# --------------------------------------------------------------------------------------- budget
-def apply_budget(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``cfg`` shortened by ``cfg["budget"]`` (see module docstring); ``budget = 1`` is a no-op.
-
-    Only the epoch-based values change here; data sizes are scaled where the data are loaded
-    (:func:`data_limit`).
-    """
-    out = copy.deepcopy(dict(cfg))
-    b = float(out["budget"])
-    if b >= 1.0:
-        return out
-    t = out["train"]
-    full_epochs = t["epochs"]
-    t["epochs"] = max(1, math.ceil(full_epochs * b))
-    ratio = t["epochs"] / full_epochs
-    # epoch-valued settings (milestones >= 1, warm-up, swa_start, "N epochs" hyperparameters) are
-    # multiplied by this factor where they are used
-    t["epoch_scale"] = ratio
-    for m in out["methods"]:
-        if m["swag"]:
-            m["swag"]["start_epoch"] = min(t["epochs"] - 1, math.floor(m["swag"]["start_epoch"] * ratio))
-    return out
-
-
-def data_limit(n: int, limit: int, budget: float, minimum: int = 1) -> int:
-    """How many of ``n`` examples a run uses: ``limit`` (0 = all), then scaled by ``budget``."""
-    k = n if limit <= 0 else min(n, limit)
-    if budget < 1.0:
-        k = min(k, max(minimum, math.ceil(k * budget)))
-    return k

@@ -1,19 +1,38 @@
 """The data of one run: training/test sets from the ``landscape.data.load_dataset`` registry, subsets
 (``limit`` and ``budget``), label noise (``landscape.data.symmetric_label_noise`` /
 ``asymmetric_label_noise``), an OOD set, and CIFAR-10-C (``landscape.data.load_cifar10c``).
+
+The test set must be held out: ``data.train_split == data.test_split`` is a configuration error
+(:func:`check_splits`), and so is a training set that holds more than 1 % of the test inputs
+(counted by exact per-example comparison after loading and subsetting; fewer, as natural data sets
+may hold a few exact duplicates, are reported in a note), unless ``data.allow_test_as_train = true``.
+:func:`data_fingerprints` (sha256 of the training and test tensors) identify the data a checkpoint
+was trained on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from experiments.config import data_limit
+from experiments.config import ConfigError, data_limit
 
-__all__ = ["CIFAR10C_GROUPS", "RunData", "corruption_root", "make_noise", "prepare_data"]
+__all__ = [
+    "CIFAR10C_GROUPS",
+    "RunData",
+    "check_splits",
+    "corruption_root",
+    "data_fingerprints",
+    "make_noise",
+    "prepare_data",
+]
+
+#: Share of the test inputs that may also be training inputs (exact duplicates) without refusal.
+OVERLAP_TOLERANCE = 0.01
 
 #: Subset choice is independent of the run's seed, so every method and seed sees the same examples.
 SUBSET_SEED = 20240917
@@ -41,6 +60,80 @@ class RunData:
     x_ood: torch.Tensor | None = None
     noise: Any = None  # landscape.data.NoisyLabels when label noise is on
     train_indices: torch.Tensor | None = None
+    fingerprints: dict[str, str] | None = field(default=None, repr=False, compare=False)
+
+
+def _digest(*tensors: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def data_fingerprints(data: RunData) -> dict[str, str]:
+    """``{"train": sha256, "test": sha256}`` of the inputs and labels (the noisy ones trained on) of
+    the training and the test set, as loaded (before augmentation); computed once per ``data``."""
+    if data.fingerprints is None:
+        data.fingerprints = {
+            "train": _digest(data.x_train, data.y_train),
+            "test": _digest(data.x_test, data.y_test),
+        }
+    return data.fingerprints
+
+
+def check_splits(cfg: dict[str, Any]) -> None:
+    """``ConfigError`` if the test split is the training split (unless ``data.allow_test_as_train``)."""
+    d = cfg["data"]
+    if d["train_split"] == d["test_split"] and not d.get("allow_test_as_train", False):
+        raise ConfigError(
+            f"data.train_split and data.test_split are both {d['test_split']!r}: the test accuracy would be "
+            "measured on the training examples; choose another split, or set "
+            "data.allow_test_as_train = true to do this on purpose"
+        )
+
+
+def _row_digests(x: torch.Tensor) -> list[bytes]:
+    """A 16-byte BLAKE2b digest of every example's bytes (no copy of the data)."""
+    a = x.detach().cpu().contiguous().reshape(len(x), -1)
+    if a.shape[1] == 0:
+        return [b""] * len(a)
+    raw = memoryview(a.view(torch.uint8).numpy()).cast("B")
+    n = len(raw) // len(a)
+    return [hashlib.blake2b(raw[i * n : (i + 1) * n], digest_size=16).digest() for i in range(len(a))]
+
+
+def count_overlap(x_train: torch.Tensor, x_test: torch.Tensor) -> int:
+    """How many test inputs are byte-for-byte equal to some training input."""
+    if x_train.shape[1:] != x_test.shape[1:] or x_train.dtype != x_test.dtype:
+        return 0
+    if not len(x_train) or not len(x_test):
+        return 0
+    seen = set(_row_digests(x_train))
+    return sum(1 for k in _row_digests(x_test) if k in seen)
+
+
+def _check_overlap(cfg: dict[str, Any], x_tr: torch.Tensor, x_te: torch.Tensor) -> None:
+    d = cfg["data"]
+    if d.get("allow_test_as_train", False):
+        return
+    n = count_overlap(x_tr, x_te)
+    if n == 0:
+        return
+    what = (
+        f"{n} of the {len(x_te)} test inputs ({100 * n / len(x_te):.1f} %) of data.name {d['name']!r} "
+        f"(test_split {d['test_split']!r}) also appear among its {len(x_tr)} training inputs "
+        f"(train_split {d['train_split']!r})"
+    )
+    if n > OVERLAP_TOLERANCE * len(x_te):
+        raise ConfigError(
+            f"{what}: the test accuracy would be measured partly on training examples; choose disjoint "
+            "splits, or set data.allow_test_as_train = true to do this on purpose"
+        )
+    from landscape.cli_common import note
+
+    note(f"{what} (exact duplicates, tolerated below {100 * OVERLAP_TOLERANCE:g} %)")
 
 
 def _load(spec: str, split: str, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,6 +197,7 @@ def prepare_data(cfg: dict[str, Any], seed: int) -> RunData:
     tr_idx = _subset(len(y_tr), data_limit(len(y_tr), d["limit_train"], budget, cfg["train"]["batch_size"]))
     te_idx = _subset(len(y_te), data_limit(len(y_te), d["limit_test"], budget, 100))
     x_tr, y_tr, x_te, y_te = x_tr[tr_idx], y_tr[tr_idx], x_te[te_idx], y_te[te_idx]
+    _check_overlap(cfg, x_tr, x_te)
     num_classes = int(max(int(y_tr.max()), int(y_te.max())) + 1)
     mk = cfg["model"]["kwargs"]  # a subset may miss the last classes: the model's output size counts
     declared = mk.get("num_classes", (mk.get("sizes") or [0])[-1])

@@ -40,10 +40,15 @@ SHARPNESS_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def _evaluate(
-    probs: torch.Tensor, y: torch.Tensor, probs_ood: torch.Tensor | None, n_bins: int
+    probs: torch.Tensor, y: torch.Tensor, probs_ood: torch.Tensor | None, n_bins: int, what: str = ""
 ) -> dict[str, Any]:
+    """The metrics of ``probs``; non-finite probabilities raise
+    :class:`experiments.divergence.Diverged` (the run diverged) naming ``what`` was predicted."""
+    from experiments.divergence import check_predictions
     from landscape import metrics
 
+    check_predictions(probs, what or "evaluation set")
+    check_predictions(probs_ood, f"{what or 'evaluation'}, OOD set")
     return metrics.evaluate(probs, y, probs_ood=probs_ood, n_bins=n_bins)
 
 
@@ -140,7 +145,7 @@ def _corruption_table(
     table: dict[str, dict[str, Any]] = {}
     for name, p in probs.items():
         _, c, s = name.split("/")
-        ev = _evaluate(p, labels[name], None, n_bins)
+        ev = _evaluate(p, labels[name], None, n_bins, name)
         table.setdefault(c, {})[s] = {k: ev[k] for k in ("accuracy", "nll", "ece", "brier")}
     summary: dict[str, float] = {}
     for metric in ("accuracy", "nll", "ece", "brier"):
@@ -194,11 +199,11 @@ def evaluate_run(
     bn = _Batches(data.x_train, bs, device, dtype) if has_batchnorm(model) else None
     details: dict[str, Any] = {}
 
-    def scored(probs: dict[str, torch.Tensor]) -> dict[str, Any]:
-        return _evaluate(probs["test"], data.y_test, probs.get("ood"), e["n_bins"])
+    def scored(probs: dict[str, torch.Tensor], what: str) -> dict[str, Any]:
+        return _evaluate(probs["test"], data.y_test, probs.get("ood"), e["n_bins"], what)
 
     point = {k: predict_probs(model, get(), bs, device) for k, get in sets.items()}
-    details["point"] = scored(point)
+    details["point"] = scored(point, "point prediction")
     unknown = [k for k in e["metrics"] if k not in details["point"]]
     if unknown:
         raise ValueError(
@@ -207,7 +212,9 @@ def evaluate_run(
     metrics: dict[str, Any] = {k: details["point"][k] for k in keys}
     if isinstance(opt, SWAG) and opt.n_collected > 0:
         with opt.swa(model=model, bn_data=bn):
-            details["swa"] = scored({k: predict_probs(model, get(), bs, device) for k, get in sets.items()})
+            details["swa"] = scored(
+                {k: predict_probs(model, get(), bs, device) for k, get in sets.items()}, "SWA solution"
+            )
         metrics.update({f"swa_{k}": details["swa"][k] for k in keys})
     samples = swag["samples"] if swag else e["bma_samples"]
     scale = swag["scale"] if swag else 1.0
@@ -220,7 +227,7 @@ def evaluate_run(
         for seed_k, make in zip(opt.seeds, contexts or []):
             with make():
                 probs_k = {k: predict_probs(model, get(), bs, device) for k, get in sets.items()}
-            details["members"].append({"seed": seed_k, **scored(probs_k)})
+            details["members"].append({"seed": seed_k, **scored(probs_k, f"ensemble member seed {seed_k}")})
     if dropout:
         bma = mc_dropout_probs(
             model,
@@ -244,7 +251,7 @@ def evaluate_run(
         except ValueError as exc:  # e.g. no stored samples to average yet
             details["bma_skipped"] = str(exc)
     if bma:
-        details["bma"] = scored(bma)
+        details["bma"] = scored(bma, "model average")
         metrics.update({f"bma_{k}": details["bma"][k] for k in keys})
     if corr:
         use_bma = e["corruption_bma"] and bool(bma)

@@ -21,6 +21,7 @@ import torch
 
 from experiments.config import apply_budget
 from experiments.data import RunData, prepare_data
+from experiments.divergence import Diverged
 from experiments.ensembles import Members
 from experiments.parallel import DistContext
 
@@ -93,7 +94,15 @@ class EnsembleTrainer:
             if self.ctx.is_main:
                 self.dirs[k].mkdir(parents=True, exist_ok=True)
             trainer = self._member(k)
-            trainer.fit()
+            try:
+                trainer.fit()
+            except Diverged as exc:  # the run diverged: keep the member's epochs, name the member
+                self.history += [{"member": k, "seed": self.seeds[k], **row} for row in trainer.history]
+                self.counters["step"] += trainer.counters["step"]
+                exc.record.detail = "; ".join(
+                    filter(None, [f"member {k} (seed {self.seeds[k]})", exc.record.detail])
+                )
+                raise
             states.append(
                 {name: v.detach().to("cpu", copy=True) for name, v in trainer.model.state_dict().items()}
             )

@@ -34,6 +34,7 @@ the contract rules out, naming the fix.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -175,6 +176,89 @@ def _in_steps(key: str, value: Any, steps_per_epoch: int, scale: float) -> Any:
     return 0 if epochs == 0 else max(1, int(round(epochs * scale * steps_per_epoch)))
 
 
+def _signatures(fn: Callable[..., Any], hyper: dict[str, Any]) -> list[inspect.Signature]:
+    """The signature of ``fn`` and of its base optimizer (through ``**kwargs``, as :func:`_accepted`
+    resolves it)."""
+    sig = inspect.signature(fn)
+    var_kw = next((p.name for p in sig.parameters.values() if p.kind == p.VAR_KEYWORD), "")
+    base: Any = None
+    if var_kw and "base_optimizer" in sig.parameters:
+        try:
+            base = _base_class(hyper.get("base_optimizer", sig.parameters["base_optimizer"].default))
+        except ConfigError:  # reported by the constructor call
+            base = None
+    elif var_kw.startswith(("sgd", "adam")):
+        base = torch.optim.SGD if var_kw.startswith("sgd") else torch.optim.Adam
+    return [sig, inspect.signature(base)] if isinstance(base, type) else [sig]
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "number": ("a number", _is_number),
+    "str": ("a string", lambda v: isinstance(v, str)),
+}
+
+
+def _kind(default: Any, annotation: Any) -> tuple[str, Callable[[Any], bool]] | None:
+    """What a value must be, judged by the default of the argument, else by its annotation
+    (``float``, ``int | None``, ...); ``None``: no rule."""
+    if isinstance(default, bool):
+        return _KINDS["bool"]
+    if _is_number(default):
+        return _KINDS["number"]
+    if isinstance(default, str):
+        return _KINDS["str"]
+    if isinstance(default, (tuple, list)) and default and all(_is_number(d) for d in default):
+        n = len(default)
+        return (
+            f"a list of {n} numbers",
+            lambda v: isinstance(v, (list, tuple)) and len(v) == n and all(_is_number(x) for x in v),
+        )
+    if default is None or default is inspect.Parameter.empty:
+        name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+        name = re.sub(r"\|None$|^None\|", "", re.sub(r"\s", "", name))
+        return {"bool": _KINDS["bool"], "int": _KINDS["number"], "float": _KINDS["number"]}.get(name)
+    return None
+
+
+def _check_values(method: dict[str, Any], fn: Callable[..., Any], values: dict[str, tuple[Any, str]]) -> None:
+    """Each ``argument: (value, config key)`` against the type of the constructor's default or
+    annotation (a number where the default is a number, ...); infinity only where the default is
+    infinite. Raises :class:`ConfigError` naming the config key, the value and the expected type."""
+    params: dict[str, inspect.Parameter] = {}
+    for sig in _signatures(fn, {k: v for k, (v, _) in values.items()}):
+        for n, p in sig.parameters.items():
+            params.setdefault(n, p)
+    for name, (value, key) in values.items():
+        p = params.get(name)
+        rule = None if p is None else _kind(p.default, p.annotation)
+        if rule is None or (isinstance(value, str) and (value == "default" or _EPOCHS.match(value))):
+            continue
+        want, ok = rule
+        default = p.default
+        of = (
+            f"(the default of {name} in {method['optimizer']!r} is {default!r})"
+            if default is not p.empty and default is not None
+            else f"({method['optimizer']!r} declares {name}: {p.annotation})"
+        )
+        if not ok(value):
+            hint = ""
+            if isinstance(value, str) and want == "a number":
+                try:
+                    hint = f"; write it without quotes: {key}={float(value)!r}"
+                except ValueError:
+                    pass
+            raise ConfigError(f"{key} must be {want} {of}, got {value!r} ({type(value).__name__}){hint}")
+        items = value if isinstance(value, (list, tuple)) else [value]
+        infinite = any(isinstance(x, float) and math.isinf(x) for x in items)
+        if infinite and not (isinstance(default, float) and math.isinf(default)):
+            raise ConfigError(f"{key} must be a finite number {of}, got {value!r}")
+
+
 def check_method(method: dict[str, Any]) -> tuple[Callable[..., Any], set[str], bool]:
     """Resolve ``method["optimizer"]`` and check its hyperparameter names; returns ``(constructor,
     accepted names, accepts anything)``. Raises :class:`ConfigError`."""
@@ -195,6 +279,8 @@ def check_method(method: dict[str, Any]) -> tuple[Callable[..., Any], set[str], 
             f"method {method['name']!r}: optimizer {method['optimizer']!r} does not accept {bad}; it takes "
             f"{shown} (model, num_data and seed are filled in by the runner)"
         )
+    where = f"methods.{method['name']}.hyperparameters"
+    _check_values(method, fn, {k: (v, f"{where}.{k}") for k, v in hyper.items()})
     return fn, accepted, anything
 
 
@@ -287,10 +373,19 @@ def build_optimizer(
     # FlatSGVB-like constructors take the model itself first, the others its parameters
     first = next(iter(inspect.signature(fn).parameters), None)
     target = extra.pop("model", model) if first == "model" else model.parameters()
+    source = {k: f"train.optimizer_defaults.{k}" for k in train_cfg["optimizer_defaults"]}
+    source["lr"] = "train.lr"
+    source.update({k: f"methods.{method['name']}.hyperparameters.{k}" for k in hyper})
+    _check_values(method, fn, {k: (v, source[k]) for k, v in kwargs.items() if k in source})
     try:
         opt = fn(target, **kwargs, **extra)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"method {method['name']!r} ({method['optimizer']}): {exc}") from None
+        # name the config keys: those of the arguments the message names, else of every argument
+        named = [k for k in kwargs if re.search(rf"\b{re.escape(k)}\b", str(exc))] or list(kwargs)
+        keys = ", ".join(f"{source.get(k, k)} = {kwargs[k]!r}" for k in named)
+        raise ConfigError(
+            f"method {method['name']!r} ({method['optimizer']}): {exc}" + (f" (from {keys})" if keys else "")
+        ) from None
     if method["swag"]:
         s = method["swag"]
         opt = opt_pkg.SWAG(

@@ -12,7 +12,9 @@ Each run has a directory ``<out_dir>/<name>/[<variant>/]<method>/seed<k>/`` hold
   every metric, the CIFAR-10-C table, the sharpness rows, the history, the environment).
 
 A run whose ``results.json`` records the same configuration is skipped; one with a checkpoint
-resumes from it; a checkpoint of another configuration is refused.
+resumes from it; a checkpoint of another configuration or of other data is refused, and so is a run
+directory whose ``config.toml`` / ``results.json`` record another configuration in any key that can
+change a result (:mod:`experiments.run_check`) or that another runner holds (:mod:`experiments.run_lock`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ class RunResult(Result):
     optimizer_arguments: dict[str, Any] = field(default_factory=dict)
     effective: dict[str, Any] = field(default_factory=dict)
     fingerprint: str = ""
+    #: ``"completed"``, or ``"diverged"`` with ``divergence`` the record of where and why
+    #: (:class:`experiments.divergence.DivergenceRecord`) and no metrics
+    status: str = "completed"
+    divergence: dict[str, Any] = field(default_factory=dict)
 
     kind: ClassVar[str] = "experiment_run"
 
@@ -111,11 +117,13 @@ def validate(runs: list[Run]) -> None:
     """Check what can be checked before any training: optimizers, models and sharpness measures
     exist (raises :class:`experiments.config.ConfigError` naming the problem)."""
     from experiments.config import ConfigError
+    from experiments.data import check_splits
     from experiments.evaluate import sharpness_measures
     from experiments.methods import check_run
     from landscape.models import available_models
 
     for run in runs:
+        check_splits(run.cfg)
         contract = check_run(run.cfg)
         name = run.cfg["model"]["name"]
         if name not in available_models():
@@ -141,7 +149,11 @@ def validate(runs: list[Run]) -> None:
 #: Keys added after run directories were first fingerprinted: left out of the hash while at their
 #: default, so the runs of older configurations keep their fingerprints (and are not redone).
 _LATER_METHOD_KEYS = ("bayesian", "mc_dropout", "ensemble")
-_LATER_KEYS = {"distributed": {"sync_batchnorm": False}, "train": {"min_lr": 0.0}}
+_LATER_KEYS = {
+    "data": {"allow_test_as_train": False},
+    "distributed": {"sync_batchnorm": False},
+    "train": {"min_lr": 0.0, "divergence_factor": 10.0},
+}
 _LATER_SWAG_KEYS = {"convention": "paper"}
 
 
@@ -190,11 +202,15 @@ def fingerprint(cfg: dict[str, Any], *, training_only: bool) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _git_commit() -> dict[str, Any]:
-    root = Path(__file__).resolve().parents[1]
+def _git_commit(root: Path | None = None) -> dict[str, Any]:
+    """The checkout's commit and whether tracked files differ from it, read without writing:
+    ``GIT_OPTIONAL_LOCKS=0`` stops ``git status`` from refreshing ``.git/index`` (a run writes
+    nothing outside its run directory)."""
+    root = Path(__file__).resolve().parents[1] if root is None else Path(root)
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, env=env
         )
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
@@ -202,12 +218,14 @@ def _git_commit() -> dict[str, Any]:
             capture_output=True,
             text=True,
             timeout=10,
+            env=env,
         )
     except (OSError, subprocess.SubprocessError):
         return {"git_commit": None}
     if head.returncode != 0:
         return {"git_commit": None}
-    return {"git_commit": head.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+    clean = dirty.returncode == 0 and not dirty.stdout.strip()
+    return {"git_commit": head.stdout.strip(), "git_dirty": None if dirty.returncode else not clean}
 
 
 def environment(device: torch.device, seed: int, ctx: DistContext) -> dict[str, Any]:
@@ -246,7 +264,8 @@ def _save_noise(run_dir: Path, data: Any) -> None:
 
 
 def completed(run: Run) -> dict[str, Any] | None:
-    """The metrics of a finished run with this configuration, or ``None``."""
+    """The metrics of a finished run with this configuration (``{"status": "diverged", "divergence":
+    record}`` for a run that diverged), or ``None``."""
     path = run.run_dir / "results.json"
     if not path.is_file():
         return None
@@ -255,12 +274,29 @@ def completed(run: Run) -> dict[str, Any] | None:
     except ValueError:
         return None
     if isinstance(d, dict) and d.get("fingerprint") == fingerprint(run.cfg, training_only=False):
+        if d.get("status") == "diverged":
+            return {"status": "diverged", "divergence": d.get("divergence", {})}
         return d.get("metrics")
     return None
 
 
 def run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool = False) -> dict[str, Any]:
-    """Train (or resume) and evaluate one run; returns its metrics row."""
+    """Train (or resume) and evaluate one run; returns its metrics row.
+
+    Holds the run directory's lock throughout (:mod:`experiments.run_lock`: one runner per run
+    directory) and first checks that the directory holds no files of another configuration
+    (:func:`experiments.run_check.check_run_dir`)."""
+    from experiments.run_check import check_run_dir
+    from experiments.run_lock import run_dir_lock
+
+    with run_dir_lock(run.run_dir, ctx=ctx, device=device):
+        check_run_dir(run)
+        return _run_one(run, device=device, ctx=ctx, progress=progress)
+
+
+def _run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool = False) -> dict[str, Any]:
+    """:func:`run_one` under the run directory's lock."""
+    from experiments.divergence import Diverged
     from experiments.evaluate import evaluate_run
     from experiments.members import EnsembleTrainer, member_dirs
     from experiments.train import Trainer
@@ -289,18 +325,27 @@ def run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool 
     if ctx.is_main:
         atomic_write_json(run.run_dir / "environment.json", env)
         _save_noise(run.run_dir, trainer.data)
-    trainer.fit()
+    diverged = None
+    try:
+        trainer.fit()
+    except Diverged as exc:  # recorded below; the checkpoint of the last good epoch stays
+        diverged = exc.record
     metrics: dict[str, Any] = {}
+    details: dict[str, Any] = {}
     if ctx.is_main:
-        metrics, details = evaluate_run(
-            trainer.model,
-            trainer.opt,
-            trainer.data,
-            trainer.cfg,
-            seed=run.seed,
-            device=device,
-            progress=progress,
-        )
+        if diverged is None:
+            try:
+                metrics, details = evaluate_run(
+                    trainer.model,
+                    trainer.opt,
+                    trainer.data,
+                    trainer.cfg,
+                    seed=run.seed,
+                    device=device,
+                    progress=progress,
+                )
+            except Diverged as exc:  # e.g. a model average over posterior samples
+                diverged, metrics, details = exc.record.complete(_state_at_end(trainer)), {}, {}
         if trainer.data.noise is not None:
             details["label_noise"] = {
                 k: v for k, v in trainer.data.noise.config.items() if k != "train_indices"
@@ -308,10 +353,10 @@ def run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool 
             details["label_noise"]["realised_rate"] = trainer.data.noise.realised_rate
         effective = {
             "epochs": trainer.cfg["train"]["epochs"],
-            "n_train": trainer.n,
+            "n_train": getattr(trainer, "n", None),  # an ensemble that diverged has no member 0 yet
             "n_test": len(trainer.data.y_test),
-            "batch_size": trainer.batch_size,
-            "steps_per_epoch": trainer.steps_per_epoch,
+            "batch_size": getattr(trainer, "batch_size", None),
+            "steps_per_epoch": getattr(trainer, "steps_per_epoch", None),
             "steps": trainer.counters["step"],
             "skipped_steps": trainer.counters["skipped"],
         }
@@ -325,15 +370,38 @@ def run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool 
             details=details,
             history=trainer.history,
             environment=env,
-            optimizer_arguments=trainer.opt_args,
+            optimizer_arguments=getattr(trainer, "opt_args", {}),
             effective=effective,
             fingerprint=fingerprint(run.cfg, training_only=False),
+            status="completed" if diverged is None else "diverged",
+            divergence={} if diverged is None else diverged.to_dict(),
         )
-        row = {"method": run.method, "seed": run.seed, "variant": run.variant, **metrics}
+        ids = {"method": run.method, "seed": run.seed, "variant": run.variant}
+        row = {**ids, **metrics} if diverged is None else {**ids, "status": "diverged"}  # nothing to average
         atomic_write_json(run.run_dir / "metrics.json", row)
         result.save(run.run_dir / "results.json")
     ctx.barrier()
+    if diverged is not None:
+        return {"status": "diverged", "divergence": diverged.to_dict()}
     return metrics
+
+
+def _state_at_end(trainer: Any) -> Any:
+    """Where a run that diverged in its final evaluation stood: its last step and epoch, the last
+    epoch's training loss and the reference loss of its divergence monitor."""
+    from experiments.divergence import DivergenceRecord
+
+    mon = getattr(trainer, "monitor", None)
+    last = trainer.history[-1].get("train_loss") if trainer.history else None
+    return DivergenceRecord(
+        "",
+        step=trainer.counters["step"],
+        epoch=trainer.counters["epoch"],
+        loss=last,
+        reference=getattr(mon, "reference", None),
+        factor=getattr(mon, "factor", trainer.cfg["train"].get("divergence_factor")),
+        window=getattr(mon, "window", None),
+    )
 
 
 def resolve_device(name: str) -> torch.device:

@@ -17,6 +17,10 @@ The learning rate follows ``train.schedule`` per step: ``cosine`` (``0.5 (1 + co
 Loshchilov & Hutter 2017, annealed to zero, or to ``train.min_lr``), ``step`` (times ``gamma`` at
 each milestone epoch) or ``constant``, after an optional linear warm-up, through
 ``torch.optim.lr_scheduler.LambdaLR`` on the optimizer's param groups.
+
+A non-finite training loss, a training loss that grew by more than ``train.divergence_factor``,
+non-finite weights or non-finite test predictions stop the run with
+:class:`experiments.divergence.Diverged` before the epoch's checkpoint is written (see that module).
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from experiments import divergence as dv
 from experiments.amp import LossScaler, SkipStep, param_dtype
 from experiments.checkpoint import load_checkpoint, save_checkpoint
 from experiments.closures import ClosureFactory
 from experiments.config import ConfigError, apply_budget
-from experiments.data import RunData, prepare_data
+from experiments.data import RunData, data_fingerprints, prepare_data
 from experiments.logs import EpochLogger
 from experiments.methods import build_optimizer, check_run, inner_optimizer
 from experiments.parallel import DistContext
@@ -119,13 +124,19 @@ def build_model(cfg: dict[str, Any], seed: int, dtype: torch.dtype, device: torc
     return model
 
 
-def check_model(cfg: dict[str, Any], model: nn.Module, contract: Any) -> None:
+def check_model(cfg: dict[str, Any], model: nn.Module, contract: Any, data: RunData | None = None) -> None:
     """Checks of the method against the model (dropout for MC-Dropout, no BatchNorm for VOGN); the
-    model may live on the ``meta`` device (the runner checks every run this way before training)."""
+    model may live on the ``meta`` device (the runner checks every run this way before training).
+    With ``data``, the model's input and output sizes against the data's examples and classes
+    (:func:`experiments.model_checks.check_model_data`, a forward pass on ``meta``)."""
     from torch.nn.modules.batchnorm import _BatchNorm
 
     from optimizers.bayes.mc_dropout import dropout_modules
 
+    if data is not None:
+        from experiments.model_checks import check_model_data
+
+        check_model_data(cfg, data)
     method = cfg["methods"][0]
     if method["mc_dropout"] and not dropout_modules(model):
         raise ConfigError(
@@ -176,7 +187,7 @@ class Trainer:
         self.y_train = self.data.y_train.to(device)
         self.fill = _crop_fill(self.cfg, self.x_train)
         self.model = build_model(self.cfg, seed, self.dtype, device)
-        check_model(self.cfg, self.model, self.contract)
+        check_model(self.cfg, self.model, self.contract, self.data)
         self.bn_sync = self._sync_batchnorm()
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=t["label_smoothing"])
         num_data = int(round(self.n * self.cfg["data"]["num_data_factor"]))
@@ -240,6 +251,13 @@ class Trainer:
         random.seed(seed)
         self.counters = {"epoch": 0, "step": 0, "skipped": 0}
         self.history: list[dict[str, Any]] = []
+        # divergence checks (experiments.divergence); with perturbation = "local" each rank's step
+        # loss differs, so a rank's decision waits for the ranks' agreement at the end of the epoch
+        self.monitor = dv.DivergenceMonitor(
+            t.get("divergence_factor", 10.0), min(dv.WINDOW, self.steps_per_epoch)
+        )
+        self.defer_divergence = ctx.data_parallel and ctx.perturbation == "local"
+        self.pending: Any = None
 
     # ------------------------------------------------------------------------------ epochs
     def _augment(self, x: torch.Tensor) -> torch.Tensor:
@@ -320,13 +338,13 @@ class Trainer:
             self.counters["step"] += 1
             if loss is not None:
                 value = float(loss)
-                if not math.isfinite(value):
-                    raise FloatingPointError(
-                        f"run {self.run_dir}: training diverged at step {self.counters['step']} "
-                        f"(loss {value}); lower the learning rate or rho"
-                    )
-                total += value * len(idx)
-                count += len(idx)
+                if self.pending is None:
+                    self.pending = self.monitor.update([value], step=self.counters["step"], epoch=epoch + 1)
+                    if self.pending is not None and not self.defer_divergence:
+                        raise dv.Diverged(self.pending, self.run_dir)
+                if math.isfinite(value):
+                    total += value * len(idx)
+                    count += len(idx)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{total / max(count, 1):.4g}")
@@ -350,6 +368,7 @@ class Trainer:
         from landscape import metrics
 
         probs = predict_probs(self.model, self.data.x_test, self.cfg["evaluation"]["batch_size"], self.device)
+        dv.check_predictions(probs, "test set, per-epoch metrics")
         return {
             "test_accuracy": metrics.accuracy(probs, self.data.y_test),
             "test_nll": metrics.nll(probs, self.data.y_test),
@@ -362,6 +381,7 @@ class Trainer:
             scheduler=self.scheduler,
             scaler=self.scaler,
             generators=self.generators,
+            data_fingerprint=data_fingerprints(self.data),  # a resume on other data is refused
         )
 
     def restore(self) -> bool:
@@ -371,6 +391,7 @@ class Trainer:
         if not ckpt.is_file():
             return False
         self.counters, self.history = load_checkpoint(ckpt, fingerprint=self.fingerprint, **self._state())
+        self.monitor.load_state_dict(self.counters.get("divergence"), self.history)
         _swag_to(self.opt, self.device)
         return True
 
@@ -385,10 +406,12 @@ class Trainer:
         try:
             for epoch in range(self.counters["epoch"], epochs):
                 row = self._train_epoch(epoch)
-                if self.ctx.is_main and every and ((epoch + 1) % every == 0 or epoch + 1 == epochs):
-                    row.update(self._test_metrics())
+                self._end_of_epoch_checks(
+                    row, epoch, bool(every) and ((epoch + 1) % every == 0 or epoch + 1 == epochs)
+                )
                 self.history.append(row)
                 self.counters["epoch"] = epoch + 1
+                self.counters["divergence"] = self.monitor.state_dict()
                 if self.ctx.is_main:
                     save_checkpoint(
                         ckpt,
@@ -402,6 +425,26 @@ class Trainer:
         finally:
             if logger is not None:
                 logger.close()
+
+    def _end_of_epoch_checks(self, row: dict[str, Any], epoch: int, evaluate: bool) -> None:
+        """Weights finite, the per-epoch test metrics (main rank) finite, the ranks agreeing on a
+        deferred loss check; raises :class:`Diverged` before the epoch's checkpoint is written."""
+        found, step = self.pending, self.counters["step"]
+        bad = dv.nonfinite_weights(self.model) if found is None else []
+        if bad:
+            found = self.monitor.record(
+                dv.NONFINITE_WEIGHTS, step=step, epoch=epoch + 1, detail=", ".join(bad[:5])
+            )
+        if found is None and self.ctx.is_main and evaluate:
+            try:
+                row.update(self._test_metrics())
+            except dv.Diverged as exc:
+                found = exc.record
+        found = dv.agree(self.ctx, found, self.device)
+        if found is not None:
+            raise dv.Diverged(
+                found.complete(self.monitor.record(found.reason, step=step, epoch=epoch + 1)), self.run_dir
+            )
 
 
 class _NoSchedule:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -57,7 +59,24 @@ class Terminated(KeyboardInterrupt):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors raise :class:`UsageError` instead of printing usage."""
+    """An ``ArgumentParser`` whose usage errors raise :class:`UsageError` instead of printing usage.
+
+    ``intermixed``: the ``dest`` of a ``nargs="*"`` / ``"+"`` positional that also takes the
+    positional arguments given after an option (``CONFIG a=1 --no-progress b=2``: plain argparse
+    stops that positional at the option and rejects ``b=2``); their order is kept.
+    """
+
+    intermixed: str | None = None
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:  # type: ignore[override]
+        namespace, extras = super().parse_known_args(args, namespace)
+        if self.intermixed and extras:
+            stray = [a for a in extras if not a.startswith("-")]
+            if stray:
+                given = getattr(namespace, self.intermixed, None) or []
+                setattr(namespace, self.intermixed, [*given, *stray])
+                extras = [a for a in extras if a.startswith("-")]
+        return namespace, extras
 
     def error(self, message: str) -> None:  # type: ignore[override]
         fix = f"see `{self.prog} --help`"
@@ -80,6 +99,21 @@ def one_line(text: str, limit: int = 900) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def _disk_full(exc: OSError) -> str:
+    """A full disk outside the atomic writers (which raise ``landscape.io.DiskFullError``)."""
+    if exc.filename is None:
+        return "no space left on the device"
+    where = Path(os.fsdecode(exc.filename))
+    try:
+        free = f"; {shutil.disk_usage(where if where.is_dir() else where.parent).free:,} bytes free there"
+    except OSError:
+        free = ""
+    return f"no space left on the device writing {where}{free}"
+
+
 def describe_error(exc: BaseException) -> tuple[int, str]:
     """``(exit status, "error: what — fix")`` for any exception."""
     if isinstance(exc, CliError):
@@ -90,6 +124,8 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
         return 130, "error: interrupted (Ctrl-C)" + DASH + "nothing was saved; run the command again"
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         what, fix = "out of memory", "use a smaller --batch-size, --limit or grid, or another --device"
+    elif isinstance(exc, OSError) and exc.errno in _NO_SPACE and DASH not in str(exc):
+        what, fix = _disk_full(exc), "free some disk space, or write to another directory (out_dir / --out)"
     elif isinstance(exc, OSError) and exc.filename is not None:
         what = f"{exc.strerror or type(exc).__name__}: {exc.filename}"
         fix = "check the path and its permissions"

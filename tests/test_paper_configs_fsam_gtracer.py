@@ -37,6 +37,7 @@ import pytest
 import torch
 
 from experiments.config import apply_budget, load_config
+from experiments.divergence import Diverged
 from experiments.parallel import DistContext
 from experiments.runner import plan_runs
 from experiments.train import Trainer
@@ -246,8 +247,14 @@ def test_gtracer_config_setting_trains_the_label_noise_miniature_seed_that_diver
 def test_gtracer_unbounded_defaults_diverge_on_the_same_miniature():
     """The control: the paper's unbounded rule (max_correction_ratio back to the constructor's
     None) on the same run warns and its epoch-mean training loss exceeds 10 (measured: 31.3 in
-    epoch 1, 358 at most), so the bound of the test above is not met by accident."""
+    epoch 1, 358 at most), so the bound of the test above is not met by accident. The runner's
+    default divergence check (``train.divergence_factor = 10``) stops it in epoch 1 (the mean of 10
+    steps, 35.2 at step 41, above 10 x the first loss 2.30); with the check off it trains on."""
+    unbounded = 'methods.sgd_tracer.hyperparameters.max_correction_ratio="default"'
     with pytest.warns(RuntimeWarning, match="max_correction_ratio"):
-        t, history = _miniature_history(['methods.sgd_tracer.hyperparameters.max_correction_ratio="default"'])
+        with pytest.raises(Diverged, match=r"divergence_factor at step 41 \(epoch 1\)"):
+            _miniature_history([unbounded])
+    with pytest.warns(RuntimeWarning, match="max_correction_ratio"):
+        t, history = _miniature_history([unbounded, "train.divergence_factor=0"])
     assert t.opt.max_correction_ratio is None
     assert max(row["train_loss"] for row in history) > 10

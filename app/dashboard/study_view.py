@@ -6,6 +6,8 @@ scatter panels. Plain functions returning DataFrames, dicts and Plotly figures."
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -19,6 +21,7 @@ from dashboard import UserInputError
 from dashboard.layout import grid_shape
 from experiments.study import AXES, correlate
 from experiments.study.report import collect_rows
+from landscape.io import read_json
 
 __all__ = [
     "DEFAULT_DIR",
@@ -85,7 +88,10 @@ def load_population(path: str | Path = DEFAULT_DIR) -> tuple[pd.DataFrame, list[
     elif (p / "population.csv").is_file():
         csv_path = p / "population.csv"
     elif (p / "study_config.json").is_file():
-        rows, cfg = collect_rows(p)
+        try:
+            rows, cfg = collect_rows(p)  # names a truncated or corrupt file and the fix
+        except ValueError as exc:
+            raise UserInputError(str(exc)) from None
         return pd.DataFrame(rows), [m["name"] for m in cfg["measures"]]
     else:
         found = sorted(p.glob("*_population.csv"))
@@ -97,18 +103,76 @@ def load_population(path: str | Path = DEFAULT_DIR) -> tuple[pd.DataFrame, list[
         csv_path = found[0]
     if csv_path.suffix.lower() != ".csv":
         raise UserInputError(f"{csv_path} is not a CSV file; give the study directory or its population CSV")
-    df = pd.read_csv(csv_path)
+    df = _read_population_csv(csv_path)
     if df.empty:
         raise UserInputError(f"{csv_path} holds no models")
     stem = csv_path.name.removesuffix("population.csv").rstrip("_")
     docs = [csv_path.with_name("correlation.json")] + ([csv_path.with_name(f"{stem}.json")] if stem else [])
     for doc_path in docs:
         if doc_path.is_file():
-            doc = json.loads(doc_path.read_text())
-            if isinstance(doc, dict) and "study" in doc:
-                measures = [m["name"] for m in doc["study"]["measures"]]
+            measures = _report_measures(doc_path)
+            if measures is not None:
                 break
     return df, measures
+
+
+def _rewrite_fix(path: Path) -> str:
+    return (
+        f"delete it and run `python -m experiments.study report {path.parent}` to write it again from "
+        "models/*.json (or restore the file)"
+    )
+
+
+def _read_population_csv(path: Path) -> pd.DataFrame:
+    """A population CSV written by ``report``; an empty, truncated or corrupt file raises
+    :class:`UserInputError` naming it, what is wrong and the fix."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise UserInputError(f"cannot read {path}: {why} — check the path and its permissions") from None
+    fix = _rewrite_fix(path)
+    if not raw.strip():
+        raise UserInputError(f"{path} is empty (an interrupted copy?) — {fix}")
+    try:
+        text = raw.decode("utf-8")
+        lines = list(csv.reader(io.StringIO(text)))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        why = f"byte {exc.start} is not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        raise UserInputError(f"{path} is not a CSV table ({why}; binary or corrupt?) — {fix}") from None
+    width = len(lines[0])
+    short = next((i for i, r in enumerate(lines[1:], 2) if r and len(r) != width), None)
+    if not text.endswith("\n") or short is not None:
+        n = short or len(lines)
+        where = (
+            f"line {n} has {len(lines[n - 1])} of {width} columns"
+            if short
+            else f"it ends inside line {n}, without a final newline"
+        )
+        raise UserInputError(f"{path} is truncated or corrupt ({where}; an interrupted copy?) — {fix}")
+    try:
+        return pd.read_csv(io.StringIO(text))
+    except (ValueError, pd.errors.ParserError) as exc:
+        why = " ".join(str(exc).split())
+        raise UserInputError(f"{path} is not a valid CSV table ({why}) — {fix}") from None
+
+
+def _report_measures(path: Path) -> list[str] | None:
+    """The measure names of a report's JSON (``correlation.json``); ``None`` when it is another JSON
+    file. A truncated or corrupt file raises :class:`UserInputError` naming it and the fix."""
+    try:
+        doc = read_json(path, what="study report (JSON)", fix=_rewrite_fix(path))
+    except ValueError as exc:
+        raise UserInputError(str(exc)) from None
+    if not (isinstance(doc, dict) and "study" in doc):
+        return None
+    measures = doc["study"].get("measures") if isinstance(doc["study"], dict) else None
+    if not (isinstance(measures, list) and all(isinstance(m, dict) and "name" in m for m in measures)):
+        raise UserInputError(
+            f"{path} is not a study report: its 'study' table holds no 'measures' list of tables with a "
+            f"'name' (truncated or edited?) — {_rewrite_fix(path)}"
+        )
+    return [m["name"] for m in measures]
 
 
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:

@@ -14,8 +14,8 @@ from . import UserInputError
 
 def _safe_name(name: str) -> str:
     """The uploaded name reduced to a plain file name (no directories), for the temporary copy."""
-    base = Path(str(name).replace("\\", "/")).name
-    return re.sub(r"[^A-Za-z0-9._-]", "_", base) or "upload.npz"
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", Path(str(name).replace("\\", "/")).name)[-100:]
+    return "upload.npz" if not base.strip(".") else base  # never "", "." or ".."; short enough
 
 
 def open_uploaded_surface(name: str, data: bytes) -> ls.Surface:
@@ -31,7 +31,13 @@ def open_uploaded_surface(name: str, data: bytes) -> ls.Surface:
         raise UserInputError(f"{shown!r} is empty; upload a .npz file written by Surface.save")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / _safe_name(name)
-        path.write_bytes(bytes(data))
+        try:
+            path.write_bytes(bytes(data))
+        except OSError as exc:  # e.g. a full temporary directory on the server
+            raise UserInputError(
+                f"could not store {shown!r} ({len(data):,} bytes) for reading: "
+                f"{exc.strerror or type(exc).__name__}. Free space in the server's temporary directory."
+            ) from None
         try:
             return ls.load_surface(path)
         except Exception as exc:  # noqa: BLE001 - every failure becomes one readable message

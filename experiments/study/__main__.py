@@ -9,10 +9,46 @@ exists with the same configuration is skipped, an interrupted member resumes fro
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
-from landscape.cli_common import Parser, add_debug_option, note, run_cli
+from landscape.cli_common import CliError, Parser, Terminated, add_debug_option, note, run_cli
 
-__all__ = ["main"]
+__all__ = ["interrupted_error", "kept_files", "main"]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def kept_files(out_dir: str | Path) -> tuple[int, int]:
+    """``(finished members, checkpoints of unfinished members)`` in a study's output directory:
+    ``models/<id>.json`` files, and ``runs/<id>/.../checkpoint.pt`` files of members without one."""
+    out = Path(out_dir)
+    done = {p.stem for p in (out / "models").glob("*.json")} if (out / "models").is_dir() else set()
+    runs = out / "runs"
+    ckpts = [p for p in runs.glob("*/**/checkpoint.pt") if p.relative_to(runs).parts[0] not in done]
+    return len(done), len(ckpts)
+
+
+def interrupted_error(out_dir: str | Path, sigterm: bool) -> CliError:
+    """The one-line error of a study run stopped by SIGTERM (143) or Ctrl-C (130), saying what was
+    kept in ``out_dir`` (finished members and checkpoints) and that the same command resumes."""
+    finished, ckpts = kept_files(out_dir)
+    how = "terminated by SIGTERM" if sigterm else "interrupted (Ctrl-C)"
+    if finished or ckpts:
+        whose = "an unfinished member" if ckpts == 1 else "unfinished members"
+        kept = (
+            f"kept in {out_dir}: {_plural(finished, 'finished model')} (models/*.json) and "
+            f"{_plural(ckpts, 'checkpoint')} of {whose} (runs/<id>/.../checkpoint.pt)"
+        )
+        fix = (
+            "run the same command again to resume: finished models are not trained again, an "
+            "unfinished member resumes from its last epoch"
+        )
+    else:
+        kept = f"nothing finished yet in {out_dir} (no model result, no checkpoint)"
+        fix = "run the same command again"
+    return CliError(f"{how}; {kept}", fix, status=143 if sigterm else 130)
 
 
 def _parser() -> Parser:
@@ -52,11 +88,14 @@ def _main(argv: list[str]) -> int:
             for _, run in members:
                 print(run.run_dir)
             return 0
-        run_population(cfg, args.out, progress=not args.no_progress, log=note)
-        if not args.no_report:
-            doc = write_report(args.out)
-            print(doc["markdown"], end="")
-            note(f"tables and figure written to {args.out}")
+        try:
+            run_population(cfg, args.out, progress=not args.no_progress, log=note)
+            if not args.no_report:
+                doc = write_report(args.out)
+                print(doc["markdown"], end="")
+                note(f"tables and figure written to {args.out}")
+        except KeyboardInterrupt as exc:
+            raise interrupted_error(args.out, isinstance(exc, Terminated)) from None
         return 0
     if args.command == "report":
         doc = write_report(

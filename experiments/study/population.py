@@ -47,10 +47,22 @@ def train_and_measure(
 ) -> dict[str, Any]:
     """Train the member's run with the experiment runner (resuming or skipping it as the runner
     does), load its weights and measure them; returns ``{"row", "measures", "runner_metrics",
-    "history", "run_dir"}``."""
+    "history", "run_dir"}``. A member whose run diverged (:mod:`experiments.divergence`) is not
+    measured: its row holds ``status = "diverged"`` and the reason (``divergence``)."""
     t0 = time.perf_counter()
     device = torch.device(cfg["device"])
     metrics = train_member(run, device=device, progress=progress)
+    if metrics.get("status") == "diverged":  # recorded, not measured; the report leaves it out
+        div = metrics.get("divergence", {})
+        row = {"id": model_id(point), **point, "status": "diverged", "divergence": div.get("reason", "")}
+        row["seconds"] = time.perf_counter() - t0
+        return {
+            "row": row,
+            "measures": {},
+            "runner_metrics": metrics,
+            "history": [],
+            "run_dir": str(run.run_dir),
+        }
     model, data, history = load_member(run, device=device)
     subset = sharpness_subset(run, data, cfg["sharpness_subset"])
     res = measure_member(point, cfg, model, data, subset, history, device=device, progress=progress)
@@ -105,6 +117,8 @@ def run_population(
                 res["run_dir"] = str(run.run_dir.relative_to(out))
                 done = {"fingerprint": fp, "config": {"point": point, "study": cfg, "runner": run.cfg}, **res}
                 atomic_write_json(path, done)
+                if log is not None and done["row"].get("status") == "diverged":
+                    log(f"{mid} diverged ({done['row']['divergence']}); excluded from the correlations")
             elif log is not None:
                 log(f"skipped {mid} (results exist)")
             rows.append(done["row"])

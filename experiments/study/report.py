@@ -19,25 +19,66 @@ __all__ = ["TARGETS", "collect_rows", "format_markdown", "plot_study", "write_re
 TARGETS: tuple[str, ...] = ("gap_error", "gap_loss", "test_error", "ood_error")
 
 
+def read_study_config(path: str | Path) -> dict[str, Any]:
+    """``study_config.json`` of a study directory; a truncated, corrupt or foreign file raises
+    ``ValueError`` naming it and the fix (one line ``<what> — <fix>``)."""
+    path = Path(path)
+    fix = (
+        f"run `python -m experiments.study run CONFIG --out {path.parent}` again, which rewrites it "
+        "(finished models are kept)"
+    )
+    cfg = read_json(path, what="study config", fix=fix)
+    measures = cfg.get("measures") if isinstance(cfg, dict) else None
+    if not (isinstance(measures, list) and all(isinstance(m, dict) and "name" in m for m in measures)):
+        raise ValueError(
+            f"{path} is not a study config: it holds no 'measures' list of tables with a 'name' "
+            f"(truncated, edited or another file?) — {fix}"
+        )
+    return cfg
+
+
+def read_model_row(path: str | Path) -> dict[str, Any]:
+    """The table row of a ``models/<id>.json`` file; a truncated, corrupt or foreign file raises
+    ``ValueError`` naming it and the fix (one line ``<what> — <fix>``)."""
+    path = Path(path)
+    out = path.parent.parent
+    fix = (
+        f"delete it and run `python -m experiments.study run CONFIG --out {out}` again (that member is "
+        "measured again; its trained run is kept)"
+    )
+    doc = read_json(path, what="model result", fix=fix)
+    row = doc.get("row") if isinstance(doc, dict) else None
+    if not (isinstance(row, dict) and "id" in row):
+        raise ValueError(
+            f"{path} is not a model result of `experiments.study run`: it holds no 'row' table with an "
+            f"'id' (truncated, edited or another file?) — {fix}"
+        )
+    return row
+
+
 def collect_rows(out_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The rows of every ``models/*.json`` under ``out_dir`` (sorted by id) and the study config."""
+    """The rows of every ``models/*.json`` under ``out_dir`` (sorted by id) and the study config;
+    a missing, truncated or corrupt file raises ``ValueError`` naming it and the fix."""
     out = Path(out_dir)
     cfg_path = out / "study_config.json"
     if not cfg_path.is_file():
         raise ValueError(
-            f"{out} holds no study_config.json; "
+            f"{out} holds no study_config.json — "
             f"run `python -m experiments.study run CONFIG --out {out}` first"
         )
-    cfg = read_json(cfg_path, what="study config")
-    rows = [read_json(p, what="model result")["row"] for p in sorted((out / "models").glob("*.json"))]
+    cfg = read_study_config(cfg_path)
+    rows = [read_model_row(p) for p in sorted((out / "models").glob("*.json"))]
     if not rows:
-        raise ValueError(f"{out}/models holds no model results; run the study first")
-    return sorted(rows, key=lambda r: r["id"]), cfg
+        raise ValueError(
+            f"{out}/models holds no model results — run `python -m experiments.study run CONFIG --out {out}`"
+        )
+    return sorted(rows, key=lambda r: str(r["id"])), cfg
 
 
 def write_table(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """The per-model table as CSV (atomically); columns in the order of the first row."""
-    cols = list(rows[0])
+    """The per-model table as CSV (atomically); columns in the order they first appear (a diverged
+    member's row has no measures)."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     w.writeheader()
@@ -130,27 +171,36 @@ def write_report(
     samples: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Correlate every measure of the study in ``out_dir`` with the gaps, test and OOD error; write
+    """Correlate every measure of the study in ``out_dir`` with the gaps, test and OOD error (members
+    that diverged are left out and counted: ``k members diverged, excluded``); write
     ``population.csv``, ``population.json``, ``correlation.md``, ``correlation.json`` and the figure
     ``study.png`` there (and to ``figure`` / ``json_path`` when given). Returns the JSON content."""
     out = Path(out_dir)
-    rows, cfg = collect_rows(out)
+    every, cfg = collect_rows(out)
+    diverged = [r["id"] for r in every if r.get("status") == "diverged"]  # excluded from everything
+    rows = [r for r in every if r.get("status") != "diverged"]
+    if not rows:
+        raise ValueError(f"all {len(every)} members of {out} diverged; there is nothing to correlate")
     measures = [m["name"] for m in cfg["measures"]]
     targets = [t for t in TARGETS if any(t in r for r in rows)]
     axes = [a for a in AXES if len({repr(r[a]) for r in rows}) > 1]
     entries = correlate(rows, measures, targets, axes, samples=samples, seed=seed)
     md = format_markdown(entries, measures, targets)
+    if diverged:
+        k = len(diverged)
+        md += f"\n{k} member{'s' if k != 1 else ''} diverged, excluded: {', '.join(diverged)}\n"
     doc = {
         "study": cfg,
         "n_models": len(rows),
+        "diverged": diverged,
         "axes": axes,
         "targets": targets,
         "bootstrap": {"samples": samples, "seed": seed, "level": 0.95},
         "correlation": entries,
         "models": rows,
     }
-    write_table(rows, out / "population.csv")
-    atomic_write_json(out / "population.json", rows)
+    write_table(every, out / "population.csv")
+    atomic_write_json(out / "population.json", every)
     atomic_write_text(out / "correlation.md", md)
     atomic_write_json(out / "correlation.json", doc)
     plot_study(rows, entries, measures, out / "study.png")
