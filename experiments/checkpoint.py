@@ -164,7 +164,9 @@ def _write_error(path: Path, blob: dict[str, Any], exc: BaseException) -> OSErro
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
-def _read(path: str | Path, fingerprint: str) -> dict[str, Any]:
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint of the experiment runner, loaded without running code (``weights_only``); a
+    ValueError naming the file for anything else (pickled objects, a truncated or foreign file)."""
     try:
         with warnings.catch_warnings():  # torch warns about the pickle protocol of foreign files
             warnings.simplefilter("ignore")
@@ -185,6 +187,11 @@ def _read(path: str | Path, fingerprint: str) -> dict[str, Any]:
         ) from None
     if not isinstance(blob, dict) or blob.get("format") != "experiments-checkpoint-1":
         raise ValueError(f"{path} is not a checkpoint of the experiment runner; delete it to start afresh")
+    return blob
+
+
+def _read(path: str | Path, fingerprint: str) -> dict[str, Any]:
+    blob = read_checkpoint(path)
     if blob["fingerprint"] != fingerprint:
         raise ValueError(
             f"{path} belongs to a run with another configuration; use another out_dir, or delete the run "

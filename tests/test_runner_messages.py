@@ -345,3 +345,37 @@ def test_full_disk_in_any_writer_and_for_a_new_file(tmp_path, monkeypatch):
     status, line = describe_error(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "log.csv")))
     assert line.startswith(f"error: no space left on the device writing {tmp_path / 'log.csv'}; ")
     assert "— free some disk space" in line
+
+
+def test_experiments_page_names_a_truncated_config_checkpoint_or_metrics_file(config, tmp_path):
+    """The Experiments page's reliability diagram reads a finished run's config.toml, checkpoint.pt and
+    metrics.json: a truncated or foreign file gives a message naming it, not a TOML / torch / KeyError."""
+    import pickle
+
+    from app.dashboard.experiments_view import run_probs
+
+    assert (
+        main(["run", str(config), f"out_dir={tmp_path / 'runs'}", 'methods=[{name="sgd", optimizer="sgd"}]'])
+        == 0
+    )
+    run_dir = next(p.parent for p in (tmp_path / "runs").rglob("checkpoint.pt"))
+    cfg_text = (run_dir / "config.toml").read_text()
+    (run_dir / "config.toml").write_text(cfg_text[: len(cfg_text) // 2])
+    with pytest.raises(ValueError, match=r"config\.toml is not a valid run config.*truncated"):
+        run_probs(run_dir)
+    (run_dir / "config.toml").write_text(cfg_text)
+    good = (run_dir / "checkpoint.pt").read_bytes()
+    (run_dir / "checkpoint.pt").write_bytes(good[: len(good) // 3])
+    with pytest.raises(ValueError, match=r"checkpoint\.pt: not a readable checkpoint"):
+        run_probs(run_dir)
+    (run_dir / "checkpoint.pt").write_bytes(pickle.dumps({"model": 1}))
+    with pytest.raises(ValueError, match=r"checkpoint\.pt"):
+        run_probs(run_dir)
+    (run_dir / "checkpoint.pt").write_bytes(good)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    (run_dir / "metrics.json").write_text(json.dumps({k: v for k, v in metrics.items() if k != "seed"}))
+    with pytest.raises(ValueError, match=r"metrics\.json has no integer 'seed'"):
+        run_probs(run_dir)
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    probs, labels, _ = run_probs(run_dir)
+    assert probs.shape == (len(labels), 10) and abs(float(probs.sum(1).mean()) - 1) < 1e-5

@@ -277,15 +277,24 @@ def run_probs(run_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor, dict[str
     for path in (d / "config.toml", ckpt, d / "metrics.json"):
         if not path.is_file():
             raise FileNotFoundError(f"{d} has no {path.name}; a reliability diagram needs a finished run")
-    cfg = apply_budget(tomllib.loads((d / "config.toml").read_text(encoding="utf-8")))
+    from experiments.checkpoint import read_checkpoint
+    from experiments.config import resolve_config
+
+    try:
+        cfg = apply_budget(resolve_config(tomllib.loads((d / "config.toml").read_text(encoding="utf-8"))))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(
+            f"{d / 'config.toml'} is not a valid run config ({exc}); the file is truncated or was edited "
+            "— rerun the experiment to rewrite it"
+        ) from None
     row = read_json(d / "metrics.json", what="metrics file of a run")
-    seed = int(row["seed"])
+    if not isinstance(row.get("seed"), int):
+        raise ValueError(f"{d / 'metrics.json'} has no integer 'seed'; it was not written by the runner")
+    seed = row["seed"]
     data = prepare_data(cfg, seed)
     cpu = torch.device("cpu")
     model = build_model(cfg, seed, param_dtype(cfg["precision"]), cpu)
-    blob = torch.load(ckpt, map_location="cpu", weights_only=True)
-    if not isinstance(blob, dict) or "model" not in blob:
-        raise ValueError(f"{ckpt} is not a checkpoint of the experiment runner")
+    blob = read_checkpoint(ckpt)
     model.load_state_dict(blob["model"])
     probs = predict_probs(model, data.x_test, int(cfg["evaluation"]["batch_size"]), cpu)
     return probs, data.y_test, row
