@@ -142,6 +142,11 @@ def verdict(method: list[float], base: list[float], better: str) -> str:
     return "reproduced" if (m1 > m0) == (better == "higher") else "not reproduced"
 
 
+def stopped(row: dict[str, Any]) -> bool:
+    """A run the runner stopped at a divergence: no final metrics (counted, not averaged)."""
+    return row.get("status") == "diverged"
+
+
 def group(rows: list[dict[str, Any]], *keys: str) -> dict[tuple, list[dict[str, Any]]]:
     out: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
@@ -162,11 +167,12 @@ def label_noise_tables(rows: list[dict[str, Any]]) -> str:
             " | λ_max | BMA NLL / ECE | SAM family more robust than SGD |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
-        base = [r["accuracy"] for r in g[(variant, "sgd")]]
+        base = [r["accuracy"] for r in g[(variant, "sgd")] if not stopped(r)]
         for key, label in LABEL_NOISE_METHODS.items():
-            rs = g.get((variant, key))
-            if not rs:
+            runs = g.get((variant, key))
+            if not runs:
                 continue
+            rs = [r for r in runs if not stopped(r)]  # the runner's diverged runs have no metrics
             acc = [r["accuracy"] for r in rs]
             bma = (
                 f"{fmt([r['bma_nll'] for r in rs])} / {fmt([r['bma_ece'] for r in rs])}"
@@ -174,9 +180,10 @@ def label_noise_tables(rows: list[dict[str, Any]]) -> str:
                 else ""
             )
             v = "" if key == "sgd" else verdict(acc, base, "higher")
-            n_bad = sum(diverged(r) for r in rs)
+            n_bad = sum(diverged(r) for r in runs)
             if n_bad:
-                v += f" ({n_bad} of {len(rs)} seeds diverged)"
+                kept = "" if n_bad == len(runs) - len(rs) else ", kept in the means"
+                v += f" ({n_bad} of {len(runs)} seeds diverged{kept})"
             mem, lam = [r["memorised"] for r in rs], [r["sharpness_lambda_max"] for r in rs]
             lines.append(
                 f"| {label} | {fmt(acc)} | {fmt([r['best_accuracy'] for r in rs])} | "
@@ -199,9 +206,9 @@ def bsam_calibration_table(rows: list[dict[str, Any]]) -> str:
         if not all((variant, k) in g for k in ("bsam", "sgd", "sam")):
             continue
         for metric in ("nll", "ece"):
-            b = [r[f"bma_{metric}"] for r in g[(variant, "bsam")]]
-            s0 = [r[metric] for r in g[(variant, "sgd")]]
-            s1 = [r[metric] for r in g[(variant, "sam")]]
+            b = [r[f"bma_{metric}"] for r in g[(variant, "bsam")] if not stopped(r)]
+            s0 = [r[metric] for r in g[(variant, "sgd")] if not stopped(r)]
+            s1 = [r[metric] for r in g[(variant, "sam")] if not stopped(r)]
             rate = float(variant.split("=")[-1])
             lines.append(
                 f"| {rate:.0%} | {metric.upper()} | {fmt(b)} | {fmt(s0)} | {fmt(s1)} | "
@@ -274,7 +281,10 @@ def posterior_tables(rows: list[dict[str, Any]]) -> str:
 
 # ------------------------------------------------------------------------------------ figure
 def diverged(row: dict[str, Any]) -> bool:
-    """A run whose training loss exceeded ``DIVERGED_LOSS`` in some epoch (chance is ln 10 = 2.3)."""
+    """A run the runner stopped as diverged (``status``, :mod:`experiments.divergence`), or whose
+    training loss exceeded ``DIVERGED_LOSS`` in some epoch (chance is ln 10 = 2.3)."""
+    if row.get("status") == "diverged":
+        return True
     return any(h["train_loss"] > DIVERGED_LOSS for h in row["history"])
 
 
@@ -347,6 +357,8 @@ def _row(run_dir: Path) -> dict[str, Any]:
     res = read_json(run_dir / "results.json", what="results file")
     row = read_json(run_dir / "metrics.json", what="metrics file")
     row["history"], row["seconds"] = res["history"], res["seconds"]
+    if res.get("divergence"):
+        row["divergence"] = res["divergence"]
     return row
 
 
@@ -365,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for d in run_dirs(noise_root):
             row = _row(d)
+            if stopped(row):
+                rows.append(row)
+                continue
             accs = [h["test_accuracy"] for h in row["history"]]
             row["best_accuracy"], row["best_epoch"] = max(accs), int(np.argmax(accs)) + 1
             row.update(memorisation(restore(d)))
