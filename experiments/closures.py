@@ -196,4 +196,20 @@ class ClosureFactory:
                     return ctx.reduce_value(loss, weights[k])
             return loss.detach()
 
+        # what optimizers.batched_chunks needs to vectorise the m sub-batches (m-sharpness)
+        closure.model, closure.loss_fn, closure.x_chunks, closure.y_chunks = self.model, self.loss_fn, xs, ys
+        closure.batched_unavailable = self._batched_unavailable(scaler)
         return closure
+
+    def _batched_unavailable(self, scaler: LossScaler) -> str | None:
+        """Why the optimizer must run this closure's sub-batches one by one (``None``: it may not)."""
+        if self.precision not in ("float32", "float64"):
+            return f"precision {self.precision} (autocast / fp16 loss scaling run in the closure)"
+        reasons = {
+            "fp16 loss scaling": scaler.enabled,
+            "KL term in the closure": self.kl is not None,
+            "synchronised BatchNorm": self.bn_sync is not None,
+            "data parallel": self.ctx.data_parallel,
+            "create_graph": self.create_graph,
+        }
+        return next((why for why, on in reasons.items() if on), None)

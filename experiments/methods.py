@@ -44,6 +44,7 @@ from torch import nn
 
 import optimizers as opt_pkg
 from experiments.config import ConfigError
+from optimizers.perturbation import PerturbationOptimizer
 
 __all__ = [
     "ALIASES",
@@ -158,6 +159,8 @@ def _accepted(fn: Callable[..., Any], hyper: dict[str, Any]) -> tuple[set[str], 
     base_names = {
         n for n, p in inspect.signature(base).parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD
     }
+    if isinstance(fn, type) and issubclass(fn, PerturbationOptimizer):
+        base_names.add("batched_m")  # the SAM family's machinery (optimizers.perturbation), via **kwargs
     return names | base_names, False
 
 

@@ -52,6 +52,9 @@ current batch, e.g. ``x_k = torch.tensor_split(x, m)[chunk]``.  For each ``k`` t
 ``closure(k)`` at ``w + eps_k`` and restores ``w``.  The descent gradient is the plain mean
 ``1/m sum_k grad L_k(w + eps_k)``; the returned loss is the mean of the chunk losses at ``w``.
 With ``m = 1`` the closure is called without arguments, so ordinary closures work unchanged.
+With ``m > 1`` and a closure from :func:`make_closure` (equal sub-batches) the ``2 m`` calls are
+replaced by two vectorised passes (:mod:`optimizers.batched_chunks`, same update); why a step
+took the loop instead is in ``self.last["m_sharpness"]`` (``batched_m=False`` forces the loop).
 
 BatchNorm
 ---------
@@ -78,6 +81,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from landscape.checks import check_nonnegative
+from optimizers.batched_chunks import ChunkClosure, NotVectorisable, batched_reason, perturbation_chunks
 from optimizers.state import check_state_dict, tag_state_dict
 
 __all__ = [
@@ -166,29 +170,18 @@ def make_closure(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     m: int | None = None,
-) -> Callable[..., torch.Tensor]:
+) -> ChunkClosure:
     """Closure ``closure(chunk=None)`` for ``loss_fn(model(inputs), targets)`` (see contract above).
 
+    A :class:`optimizers.batched_chunks.ChunkClosure`: it also carries the model, loss and
+    sub-batches, so that an optimizer with ``m > 1`` can vectorise the sub-batches.
     ``chunk=None`` uses the whole batch; ``chunk=k`` uses ``torch.tensor_split(., m)[k]`` of the
     inputs and targets, with ``m`` defaulting to ``optimizer.m`` (1 for optimizers without it).
     """
     m_ = int(m if m is not None else getattr(optimizer, "m", 1))
     if m_ < 1:
         raise ValueError(f"m must be >= 1, got {m_}")
-    x_chunks = torch.tensor_split(inputs, m_)
-    y_chunks = torch.tensor_split(targets, m_)
-
-    def closure(chunk: int | None = None) -> torch.Tensor:
-        optimizer.zero_grad()
-        if chunk is None:
-            x, y = inputs, targets
-        else:
-            x, y = x_chunks[chunk], y_chunks[chunk]
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        return loss.detach()
-
-    return closure
+    return ChunkClosure(optimizer, model, loss_fn, inputs, targets, m_)
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,6 +203,8 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         model: optional module whose BatchNorm running statistics are updated only by the first
             pass (see module docstring).
         m: number of sub-batches for m-sharpness (closure contract in the module docstring).
+        batched_m: with ``m > 1``, vectorise the sub-batches when the closure allows it
+            (:mod:`optimizers.batched_chunks`); ``False`` forces the sequential loop.
         defaults: the method's own hyperparameters (``rho``, ...), stored in every param group.
         **base_kwargs: keyword arguments of ``base_optimizer`` (``lr``, ``momentum``, ...).
     """
@@ -226,6 +221,7 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         model: nn.Module | None = None,
         m: int = 1,
         defaults: dict[str, Any] | None = None,
+        batched_m: bool = True,
         **base_kwargs: Any,
     ) -> None:
         if isinstance(base_optimizer, torch.optim.Optimizer):
@@ -254,6 +250,9 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         self.defaults.update(self.base_optimizer.defaults)
         self.model = model
         self.m = m
+        self.batched_m = bool(batched_m)
+        self.config: dict[str, Any] = {"m": m, "batched_m": self.batched_m}
+        self._batched_failed: dict[int, str] = {}
         self.perturbed = False
         self.last: dict[str, Any] = {}
 
@@ -378,6 +377,37 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         self._check_closure(closure)
         assert closure is not None
         self._begin_step()
+        mode = batched_reason(self, closure) if self.m > 1 else ""
+        records = self._batched(closure) if mode == "batched" else None
+        if records is None:
+            if mode == "batched":
+                mode = f"sequential: {self._batched_failed[id(closure.model)]}"
+            records = self._sequential(closure)
+        self.last = _summarise(records)
+        if mode:
+            self.last["m_sharpness"] = self.config["m_sharpness"] = mode
+        self._adjust_descent()
+        self.base_optimizer.step()
+        return self.last["loss"]
+
+    def _batched(self, closure: Any) -> list[dict[str, Any]] | None:
+        """Vectorised sub-batches (records), or ``None`` after recording why the loop must run."""
+        gen = getattr(self, "generator", None)
+        rng = gen.get_state() if isinstance(gen, torch.Generator) else None
+        try:
+            return perturbation_chunks(self, closure)
+        except NotVectorisable as exc:
+            self._batched_failed[id(closure.model)] = str(exc)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+            if rng is not None:
+                gen.set_state(rng)
+            self._begin_step()
+            return None
+
+    def _sequential(self, closure: Callable[..., Any]) -> list[dict[str, Any]]:
+        """The loop over sub-batches (``2 m`` closure calls); sets the descent gradient."""
         chunks: list[int | None] = [None] if self.m == 1 else list(range(self.m))
         sums: dict[torch.Tensor, torch.Tensor] = {}
         records: list[dict[str, Any]] = []
@@ -418,10 +448,7 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         if self.m > 1:
             for p, s in sums.items():
                 p.grad = s.div_(self.m)
-        self.last = _summarise(records)
-        self._adjust_descent()
-        self.base_optimizer.step()
-        return self.last["loss"]
+        return records
 
 
 def _summarise(records: list[dict[str, Any]]) -> dict[str, Any]:

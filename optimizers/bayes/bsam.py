@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from landscape.checks import check_range
+from optimizers.batched_chunks import NotVectorisable, batched_reason, bsam_chunks
 from optimizers.perturbation import bn_restore, bn_snapshot
 from optimizers.posterior import (
     DiagonalGaussianPosterior,
@@ -92,6 +93,9 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
         seed, generator: randomness (see :func:`optimizers.posterior.resolve_generator`).
         model: optional module; BatchNorm running statistics are updated only by the first pass of
             each sub-batch (the pass at the noisy point), never by the pass at ``w + eps``.
+        batched_m: with ``m > 1`` vectorise the sub-batches when the closure allows it (as the SAM
+            family, :mod:`optimizers.batched_chunks`; ``self.last["m_sharpness"]`` says which ran);
+            ``False`` forces the loop of ``2 m`` closure calls.
 
     ``self.last``: ``loss`` (mean over sub-batches of the first-pass loss, at ``w + e``),
     ``loss_perturbed`` (at ``w + eps``), ``grad_norm`` (``||g||``, mean over sub-batches),
@@ -118,6 +122,7 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
         seed: int | None = None,
         generator: torch.Generator | None = None,
         model: nn.Module | None = None,
+        batched_m: bool = True,
     ) -> None:
         check_nonneg("lr", lr)
         check_num_data(num_data)
@@ -156,7 +161,10 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
             m=m,
             s_update_order=s_update_order,
             seed=self.seed,
+            batched_m=bool(batched_m),
         )
+        self.batched_m = bool(batched_m)
+        self._batched_failed: dict[int, str] = {}
         self.last: dict[str, Any] = {}
 
     # ----------------------------------------------------------------------------------------
@@ -224,6 +232,16 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
         touched = [False] * len(params)
         losses, losses_eps = [], []
         eps_sq = noise_sq = gnorm = 0.0
+        mode = batched_reason(self, closure) if self.m > 1 else ""
+        if mode == "batched":
+            try:
+                b = bsam_chunks(self, closure, pairs, s_list)
+                g_eps_sum, h_sum, touched = b["g_eps_sum"], b["h_sum"], [True] * len(params)
+                losses, losses_eps, chunks = b["losses"], b["losses_eps"], []
+                eps_sq, noise_sq, gnorm = b["eps_sq"], b["noise_sq"], b["gnorm"]
+            except NotVectorisable as exc:
+                self._batched_failed[id(closure.model)] = str(exc)
+                mode = f"sequential: {exc}"
         for k in chunks:
             saved = [p.detach().clone() for p in params]
             # pass 1: gradient at the noisy point w + e_k (at w without noise)
@@ -263,7 +281,7 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
                 if g is not None:
                     h_sum[i].add_(s.sqrt() * g.abs())
                     touched[i] = True
-        m = len(chunks)
+        m = self.m
         for i, ((group, p), s) in enumerate(zip(pairs, s_list)):
             if not touched[i]:
                 continue
@@ -292,4 +310,6 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
             eps_norm=math.sqrt(eps_sq / m),
             noise_norm=math.sqrt(noise_sq / m),
         )
+        if mode:
+            self.last["m_sharpness"] = self.config["m_sharpness"] = mode
         return loss

@@ -1,0 +1,351 @@
+"""Vectorised m-sharpness: the ``m`` sub-batches' gradients in one ``torch.func.vmap`` pass.
+
+m-sharpness (Foret et al. 2021, Sec. 4.1) needs, per step, the gradient of every sub-batch ``k`` at
+``w`` and then at its own perturbed point ``w + eps_k``.  The sequential loop of
+:mod:`optimizers.perturbation` runs ``2 m`` small forward/backward passes through the closure; here
+the ``m`` gradients at ``w`` are one ``vmap(grad(...))`` over the stacked sub-batches (parameters
+shared, ``in_dims=None``), and the ``m`` perturbed gradients one ``vmap(grad(...))`` with per-chunk
+parameters stacked ``[m, ...]`` (``in_dims=0``), both through ``torch.func.functional_call``.  The
+method's own ``_perturbation`` hook still computes ``eps_k`` from ``p.grad`` (set to chunk ``k``'s
+gradient), chunk by chunk, so every two-pass method of the SAM family gets this path unchanged.
+
+This needs the model, loss and sub-batches, which an opaque closure hides: :class:`ChunkClosure`
+(what :func:`optimizers.perturbation.make_closure` returns) is still ``closure(chunk)`` and also
+carries ``model``, ``loss_fn``, ``x_chunks``, ``y_chunks``.  Any closure with these attributes
+qualifies; ``batched_unavailable`` (a string) tells the optimizer why it must not vectorise one.
+
+BatchNorm in train mode: each chunk is normalised with its own statistics (``vmap`` gives exactly
+that).  Running statistics are reproduced as the loop leaves them (one EMA update per chunk, in
+chunk order, from the pass at ``w`` only): the vmapped pass runs with per-chunk scratch buffers and
+``momentum=None`` on a fresh ``num_batches_tracked = 0``, so each scratch buffer receives exactly
+the chunk's statistics ``s_k``; the ``m`` updates ``r <- (1 - f) r + f s_k`` (``f = momentum``, or
+``1 / num_batches_tracked`` for cumulative averages) are then applied in order.  Any other buffer
+that the forward pass mutates cannot be reproduced: the optimizer falls back to the loop.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+from torch.nn.modules.batchnorm import _BatchNorm
+
+__all__ = ["ChunkClosure", "NotVectorisable", "ChunkVectoriser", "batched_reason", "perturbation_chunks"]
+
+
+class NotVectorisable(Exception):
+    """The batched path cannot reproduce the loop for this model/closure (message: the reason)."""
+
+
+class ChunkClosure:
+    """``closure(chunk=None)`` for ``loss_fn(model(x), y)`` that also exposes what it computes.
+
+    ``chunk=None``: the whole batch; ``chunk=k``: sub-batch ``torch.tensor_split(., m)[k]``.
+    Attributes: ``optimizer``, ``model``, ``loss_fn``, ``inputs``, ``targets``, ``m``, ``x_chunks``,
+    ``y_chunks``, ``batched_unavailable`` (``None``, or why the optimizer must not vectorise).
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        m: int,
+        batched_unavailable: str | None = None,
+    ) -> None:
+        self.optimizer, self.model, self.loss_fn = optimizer, model, loss_fn
+        self.inputs, self.targets, self.m = inputs, targets, m
+        self.x_chunks = torch.tensor_split(inputs, m)
+        self.y_chunks = torch.tensor_split(targets, m)
+        self.batched_unavailable = batched_unavailable
+
+    def __call__(self, chunk: int | None = None) -> torch.Tensor:
+        self.optimizer.zero_grad()
+        if chunk is None:
+            x, y = self.inputs, self.targets
+        else:
+            x, y = self.x_chunks[chunk], self.y_chunks[chunk]
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        return loss.detach()
+
+
+def _bn_with_stats(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
+    """BatchNorm layers that update running statistics in the next forward pass."""
+    return [
+        (name, mod)
+        for name, mod in model.named_modules()
+        if isinstance(mod, _BatchNorm)
+        and mod.training
+        and mod.track_running_stats
+        and mod.running_mean is not None
+    ]
+
+
+def batched_reason(opt: Any, closure: Any) -> str:
+    """``"batched"`` if ``opt.step(closure)`` may take the vectorised path, else ``"sequential: why"``."""
+    if not getattr(opt, "batched_m", True):
+        return "sequential: batched_m=False"
+    if getattr(opt, "passes", 2) != 2:
+        return "sequential: one-pass method"
+    if not all(hasattr(closure, a) for a in ("model", "loss_fn", "x_chunks", "y_chunks")):
+        return "sequential: opaque closure (build it with make_closure to vectorise)"
+    if getattr(closure, "batched_unavailable", None):
+        return f"sequential: {closure.batched_unavailable}"
+    xs, ys = closure.x_chunks, closure.y_chunks
+    if len(xs) != opt.m or len(ys) != opt.m:
+        return f"sequential: closure has {len(xs)} sub-batches, optimizer m={opt.m}"
+    if len({len(x) for x in xs}) != 1 or len({len(y) for y in ys}) != 1:
+        return f"sequential: uneven sub-batches (batch of {sum(len(x) for x in xs)} with m={opt.m})"
+    model = closure.model
+    if not isinstance(model, nn.Module):
+        return "sequential: closure.model is not an nn.Module"
+    own = getattr(opt, "model", None)
+    if own is not None and own is not model:
+        return "sequential: the optimizer's model= is not the closure's model"
+    if own is None and _bn_with_stats(model):
+        return "sequential: BatchNorm in train mode without model= (the loop updates it in both passes)"
+    cached = getattr(opt, "_batched_failed", {}).get(id(model))
+    if cached:
+        return f"sequential: {cached}"
+    return "batched"
+
+
+class ChunkVectoriser:
+    """Per-chunk losses and gradients of ``loss_fn(model(x_k), y_k)`` for all ``k`` in one vmap.
+
+    ``params``: the tensors to differentiate (the optimizer's trainable parameters; each must be a
+    parameter of ``model``); the model's other parameters are constants.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        params: Sequence[torch.Tensor],
+        x_chunks: Sequence[torch.Tensor],
+        y_chunks: Sequence[torch.Tensor],
+    ) -> None:
+        names = {id(p): n for n, p in model.named_parameters()}
+        missing = [tuple(p.shape) for p in params if id(p) not in names]
+        if missing:
+            raise NotVectorisable(f"optimizer parameters not in closure.model (shapes {missing[:3]})")
+        self.model, self.loss_fn, self.m = model, loss_fn, len(x_chunks)
+        self.names = [names[id(p)] for p in params]
+        unused = _unused_parameters(model, loss_fn, params, self.names, x_chunks[0], y_chunks[0])
+        if unused:  # the loop leaves their .grad None (the base optimizer skips them); vmap gives 0
+            raise NotVectorisable(f"parameters the loss does not use ({', '.join(unused[:3])})")
+        diff = set(self.names)
+        self.const = {n: p.detach() for n, p in model.named_parameters() if n not in diff}
+        self.bn = _bn_with_stats(model)
+        stat_names = {f"{n}.{b}" if n else b for n, _ in self.bn for b in ("running_mean", "running_var")}
+        nbt_names = {f"{n}.num_batches_tracked" if n else "num_batches_tracked" for n, _ in self.bn}
+        self.other = {n: b for n, b in model.named_buffers() if n not in stat_names and n not in nbt_names}
+        self.xs, self.ys = torch.stack(list(x_chunks)), torch.stack(list(y_chunks))
+
+    def _prefix(self, name: str, buf: str) -> str:
+        return f"{name}.{buf}" if name else buf
+
+    def grads(
+        self, params: dict[str, torch.Tensor], stacked: bool
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """``(grads [m, ...] by name, losses [m], {bn name: (mean [m, C], var [m, C])})``.
+
+        ``params`` shared by all chunks (``stacked=False``) or stacked ``[m, ...]`` per chunk.
+        Running statistics of the model are not touched (see :meth:`apply_bn_updates`).
+        """
+        m = self.m
+        scratch: dict[str, torch.Tensor] = {}
+        counters: dict[str, torch.Tensor] = {}
+        for name, mod in self.bn:
+            for b in ("running_mean", "running_var"):
+                buf = getattr(mod, b)
+                scratch[self._prefix(name, b)] = torch.zeros(
+                    (m, *buf.shape), dtype=buf.dtype, device=buf.device
+                )
+            nbt = mod.num_batches_tracked
+            counters[self._prefix(name, "num_batches_tracked")] = torch.zeros_like(nbt)
+        other = {n: b.clone() for n, b in self.other.items()}
+        versions = {n: b._version for n, b in other.items()}
+        model, loss_fn, const = self.model, self.loss_fn, self.const
+
+        def f(p, scr, cnt, oth, x, y):
+            out = functional_call(model, {**p, **const, **scr, **cnt, **oth}, (x,))
+            return loss_fn(out, y), scr
+
+        momenta = [mod.momentum for _, mod in self.bn]
+        try:
+            for _, mod in self.bn:
+                mod.momentum = None  # factor 1 / num_batches_tracked = 1: scratch <- chunk statistics
+            fn = vmap(grad_and_value(f, has_aux=True), in_dims=(0 if stacked else None, 0, None, None, 0, 0))
+            g, (losses, stats) = fn(params, scratch, counters, other, self.xs, self.ys)
+        finally:
+            for (_, mod), mu in zip(self.bn, momenta):
+                mod.momentum = mu
+        changed = [n for n, b in other.items() if b._version != versions[n]]
+        if changed:
+            raise NotVectorisable(
+                f"the forward pass mutates buffer(s) {changed[:3]} (not BatchNorm statistics)"
+            )
+        bn_stats = {
+            name: (stats[self._prefix(name, "running_mean")], stats[self._prefix(name, "running_var")])
+            for name, _ in self.bn
+        }
+        return g, losses.detach(), bn_stats
+
+    @torch.no_grad()
+    def apply_bn_updates(self, bn_stats: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The ``m`` running-statistics updates of the loop, chunk by chunk, from per-chunk stats."""
+        for name, mod in self.bn:
+            means, vars_ = bn_stats[name]
+            for k in range(self.m):
+                mod.num_batches_tracked.add_(1)
+                f = 1.0 / float(mod.num_batches_tracked) if mod.momentum is None else mod.momentum
+                mod.running_mean.copy_(means[k] * f + mod.running_mean * (1.0 - f))
+                mod.running_var.copy_(vars_[k] * f + mod.running_var * (1.0 - f))
+
+
+_USED: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...], tuple[str, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _unused_parameters(
+    model: nn.Module, loss_fn: Callable, params: Sequence[torch.Tensor], names: list[str], x, y
+) -> list[str]:
+    """Names of ``params`` the loss of one sub-batch does not depend on (``autograd.grad`` gives
+    ``None``): probed once per model and parameter list, with the RNG forked and every buffer
+    restored, so the probe changes nothing the loop would see."""
+    key = tuple(id(p) for p in params)
+    per_model = _USED.setdefault(model, {})
+    if key not in per_model:
+        snap = [(b, b.detach().clone()) for b in model.buffers()]
+        devices = [x.device] if x.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices), torch.enable_grad():
+                loss = loss_fn(model(x), y)
+                grads = torch.autograd.grad(loss, list(params), allow_unused=True)
+        except Exception as exc:  # noqa: BLE001 - the model cannot run this way: let the loop decide
+            raise NotVectorisable(f"probe failed ({type(exc).__name__})") from exc
+        finally:
+            with torch.no_grad():
+                for b, saved in snap:
+                    b.copy_(saved)
+        per_model[key] = tuple(n for n, g in zip(names, grads) if g is None)
+    return list(per_model[key])
+
+
+def _vectorised(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except NotVectorisable:
+        raise
+    except Exception as exc:  # vmap/functional_call cannot run this model: fall back to the loop
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise NotVectorisable(f"vmap failed ({type(exc).__name__}: {msg[:160]})") from exc
+
+
+def perturbation_chunks(opt: Any, closure: Any) -> list[dict[str, Any]]:
+    """The batched m-sharpness step of a two-pass :class:`PerturbationOptimizer` up to the base step.
+
+    Sets ``p.grad`` to the descent gradient ``1/m sum_k grad L_k(w + eps_k)`` and returns the
+    per-chunk records (``loss``, the hook's diagnostics, ``loss_perturbed``) as the loop does.
+    Raises :class:`NotVectorisable` (before the model's statistics are touched) to request the loop.
+    """
+    pairs = opt._all_pairs()
+    params = [p for _, p in pairs]
+    vec = ChunkVectoriser(closure.model, closure.loss_fn, params, closure.x_chunks, closure.y_chunks)
+    with torch.enable_grad():
+        w = {n: p.detach() for n, p in zip(vec.names, params)}
+        g, losses, bn_stats = _vectorised(lambda: vec.grads(w, stacked=False))
+    records: list[dict[str, Any]] = []
+    eps_all: list[list[torch.Tensor]] = []
+    grad_pairs = [(grp, p) for grp, p in pairs]
+    for k in range(vec.m):
+        for p, n in zip(params, vec.names):
+            p.grad = g[n][k]
+        eps, diag = opt._perturbation(grad_pairs)
+        records.append({"loss": losses[k], **diag})
+        eps_all.append(list(eps))
+    for p in params:
+        p.grad = None
+    points = {
+        n: torch.stack([p.detach() + eps_all[k][i] for k in range(vec.m)])
+        for i, (p, n) in enumerate(zip(params, vec.names))
+    }
+    with torch.enable_grad():
+        g_eps, losses_eps, _ = _vectorised(lambda: vec.grads(points, stacked=True))
+    for k, rec in enumerate(records):
+        rec["loss_perturbed"] = losses_eps[k]
+    for p, n in zip(params, vec.names):
+        s = g_eps[n][0].clone()
+        for k in range(1, vec.m):
+            s.add_(g_eps[n][k])
+        p.grad = s.div_(vec.m)
+    vec.apply_bn_updates(bn_stats)
+    return records
+
+
+def bsam_chunks(opt: Any, closure: Any, pairs: list, s_list: list[torch.Tensor]) -> dict[str, Any]:
+    """The ``2 m`` passes of a bSAM step vectorised (``optimizers.bayes.bsam``), same arithmetic.
+
+    Noise ``e_k`` is drawn chunk by chunk, parameter by parameter, from ``opt.generator`` as the loop
+    does; ``g_k`` at ``w + e_k`` and ``g_eps,k`` at ``w + rho g_k / s`` are one vmap each.  Returns
+    the sums the loop accumulates.  Raises :class:`NotVectorisable` before any state is touched.
+    """
+    params = [p for _, p in pairs]
+    vec = ChunkVectoriser(closure.model, closure.loss_fn, params, closure.x_chunks, closure.y_chunks)
+    m, n = vec.m, opt.num_data
+    gen_state = opt.generator.get_state()
+    noise_sq = 0.0
+    points: dict[str, list[torch.Tensor]] = {name: [] for name in vec.names}
+    for _ in range(m):
+        for p, s, name in zip(params, s_list, vec.names):
+            if opt.noise:
+                e = torch.randn(p.shape, generator=opt.generator, dtype=p.dtype, device=p.device)
+                e.mul_(torch.rsqrt(n * s))
+                noise_sq += float(e.square().sum())
+                points[name].append(p.detach() + e)
+            else:
+                points[name].append(p.detach())
+    try:
+        with torch.enable_grad():
+            stacked = {name: torch.stack(v) for name, v in points.items()}
+            g, losses, bn_stats = _vectorised(lambda: vec.grads(stacked, stacked=True))
+            eps_sq = gnorm = 0.0
+            points2: dict[str, list[torch.Tensor]] = {name: [] for name in vec.names}
+            for k in range(m):
+                g_sq = 0.0
+                for (group, p), s, name in zip(pairs, s_list, vec.names):
+                    eps = group["rho"] * g[name][k] / s
+                    eps_sq += float(eps.square().sum())
+                    g_sq += float(g[name][k].square().sum())
+                    points2[name].append(p.detach() + eps)
+                gnorm += g_sq**0.5
+            stacked2 = {name: torch.stack(v) for name, v in points2.items()}
+            g_eps, losses_eps, _ = _vectorised(lambda: vec.grads(stacked2, stacked=True))
+    except NotVectorisable:
+        opt.generator.set_state(gen_state)
+        raise
+    g_eps_sum = [torch.zeros_like(p) for p in params]
+    h_sum = [torch.zeros_like(p) for p in params]
+    for k in range(m):
+        for i, (s, name) in enumerate(zip(s_list, vec.names)):
+            g_eps_sum[i].add_(g_eps[name][k])
+            h_sum[i].add_(s.sqrt() * g[name][k].abs())
+    vec.apply_bn_updates(bn_stats)
+    return dict(
+        g_eps_sum=g_eps_sum,
+        h_sum=h_sum,
+        losses=list(losses),
+        losses_eps=list(losses_eps),
+        eps_sq=eps_sq,
+        noise_sq=noise_sq,
+        gnorm=gnorm,
+    )
