@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import os
 import statistics
 import sys
@@ -297,7 +298,12 @@ def bench_model(args, name: str) -> tuple[list[dict], dict]:
         _measure_memory(args, name, rows, pr, v, obj, inprocess)
     _ratios(list(rows.values()))
     spectra, reference = ([], {})
-    if args.spectra:
+    peer_modules = ("hessian_eigenthings", "curvlinops", "pyhessian")
+    missing = [m for m in peer_modules if not _installed(m)]
+    if args.spectra and missing:
+        print(f"  spectra skipped: peer package(s) {missing} not installed (benchmarks/install_peers.sh)")
+        reference = {"skipped": f"missing peers: {', '.join(missing)}"}
+    elif args.spectra:
         budgets = {"eig1": args.eig1, "eig5": args.eig5, "trace": args.trace_budget}
         spectra, reference = peers.spectra(
             pr, obj, budgets=budgets, ref_matvecs=args.ref_matvecs, seed=args.seed
@@ -327,6 +333,13 @@ def _ratios(rows: list[dict]) -> None:
             best = [q[key] for q in same if q.get(key) is not None and "error" not in q]
             if best and min(best) > 0:
                 r[out_peer] = r[key] / min(best)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module blocked in sys.modules
+        return False
 
 
 # ------------------------------------------------------------------------------------ main
