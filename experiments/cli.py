@@ -51,6 +51,19 @@ def _parser() -> Parser:
         "--dry-run", action="store_true", help="print the resolved config and the run directories"
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--estimate",
+        action="store_true",
+        help="time a few training steps and one evaluation of each method on this device and print the "
+        "projected time of the full protocol (writes nothing)",
+    )
+    run.add_argument(
+        "--estimate-steps",
+        type=int,
+        default=20,
+        metavar="K",
+        help="--estimate: timed steps per method, after 3 warm-up steps (default 20)",
+    )
     add_debug_option(run)
     run.intermixed = "overrides"  # options may stand among the overrides: a=1 --no-progress b=2
     table = sub.add_parser("table", help="mean ± std over seeds per method and metric")
@@ -77,10 +90,17 @@ def _run(args: Any) -> int:
     from experiments.table import aggregate, format_table
     from experiments.toml_writer import dumps
 
+    if args.estimate and args.dry_run:
+        raise UsageError("--estimate and --dry-run cannot be combined", "give one of them")
+    if args.estimate_steps < 1:
+        raise UsageError(
+            f"--estimate-steps must be >= 1, got {args.estimate_steps}", "e.g. --estimate-steps 20"
+        )
     try:
         cfg = load_config(args.config, args.overrides)
         runs = plan_runs(cfg)
-        validate(runs)
+        if not args.estimate:  # --estimate checks each (variant, method) and reports its error in its row
+            validate(runs)
     except FileNotFoundError as exc:
         raise UsageError(
             str(exc), "give the path of a TOML config, e.g. configs/digits_sam_vs_sgd.toml"
@@ -100,6 +120,8 @@ def _run(args: Any) -> int:
         import torch
 
         torch.set_num_threads(cfg["threads"])
+    if args.estimate:
+        return _estimate(runs, device, args.estimate_steps)
     ctx = from_environment(cfg["distributed"], device)
     mine = ctx.my_runs(runs)
     progress = cfg["progress"] and not args.no_progress
@@ -138,6 +160,18 @@ def _run(args: Any) -> int:
         print(format_table(aggregate(rows, shown[:8])), end="")
     if diverged and ctx.is_main:
         _report_diverged(diverged, len(mine))
+    return 0
+
+
+def _estimate(runs: list[Any], device: Any, steps: int) -> int:
+    """``--estimate``: the projected time of every run (:mod:`experiments.estimate`); writes nothing."""
+    from experiments.estimate import device_name, estimate_runs, format_estimate
+
+    note(f"estimating {len(runs)} runs: {steps} timed steps per (variant, method) on {device}")
+    estimates = estimate_runs(runs, device=device, steps=steps)
+    print(format_estimate(estimates, device_name(device), steps=steps), end="")
+    if estimates and all(e.error is not None for e in estimates):
+        raise CliError("no method could be estimated", "see the error in each row of the table", status=1)
     return 0
 
 
