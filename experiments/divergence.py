@@ -23,10 +23,12 @@ label noise; VOGN 1.5, every other method at most 1.4) and no single step 3.3 x 
 finite blow-ups the check is for exceed it by orders of magnitude (plain SGD at lr 1e6 on a tanh
 MLP: about 1e5 x, every number finite).
 
-:class:`DivergenceMonitor` works on loss values the trainer already has on the host (one
-``float(loss)`` per step): :meth:`~DivergenceMonitor.update` takes any number of consecutive step
-losses at once, so a trainer that synchronises every ``k`` steps or once per epoch can pass the
-losses gathered since (the steps are numbered back from the last one). Its state (reference and
+:class:`DivergenceMonitor` works on loss values on the host: :meth:`~DivergenceMonitor.update` takes
+any number of consecutive step losses at once (the steps are numbered back from the last one). The
+trainer keeps its step losses on the device (:class:`StepLosses`) and reads them back with one
+host synchronisation every ``READ_EVERY`` steps (the monitor's window) and at the end of the epoch,
+so the monitor records the same step, epoch, loss and reason as with a read every step; a run that
+trips the check stops at the next read (the extra steps leave no checkpoint). Its state (reference and
 window) is saved in the checkpoint's counters, so a resumed run decides as the uninterrupted one.
 
 Data parallelism: every rank must stop at the same step, or the others would wait forever at the
@@ -56,11 +58,13 @@ __all__ = [
     "NONFINITE_LOSS",
     "NONFINITE_PREDICTIONS",
     "NONFINITE_WEIGHTS",
+    "READ_EVERY",
     "REASONS",
     "WINDOW",
     "DivergenceMonitor",
     "DivergenceRecord",
     "Diverged",
+    "StepLosses",
     "agree",
     "check_predictions",
     "nonfinite_weights",
@@ -74,6 +78,9 @@ GROWTH = "loss grew by more than divergence_factor"
 REASONS: tuple[str, ...] = (NONFINITE_LOSS, NONFINITE_WEIGHTS, NONFINITE_PREDICTIONS, GROWTH)
 #: Steps of the running mean (at most the steps of one epoch).
 WINDOW = 10
+#: Steps between two host reads of the training losses (:class:`StepLosses`); ``None``: the
+#: monitor's window. A read every step (1) records the same divergence, only slower on a GPU.
+READ_EVERY: int | None = None
 
 
 @dataclass
@@ -181,6 +188,53 @@ class DivergenceMonitor:
             self.recent = deque(state.get("recent", []), maxlen=self.window)
         elif history and math.isfinite(float(history[0].get("train_loss", math.nan))):
             self.reference = float(history[0]["train_loss"])
+
+
+class StepLosses:
+    """An epoch's step losses kept on the device (no host synchronisation per step) and read back
+    with one ``torch.stack(...).tolist()`` per :meth:`read`. ``total / count`` is the epoch's mean
+    loss over the finite values, each weighted by its batch size (summed in step order, as a sum of
+    one ``float(loss)`` per step would be)."""
+
+    def __init__(self) -> None:
+        self.losses: list[Any] = []
+        self.steps: list[int] = []
+        self.sizes: list[int] = []
+        self.total, self.count = 0.0, 0
+
+    def add(self, loss: Any, step: int, size: int) -> None:
+        """Keep the loss of global step ``step`` (a batch of ``size`` examples)."""
+        if not isinstance(loss, torch.Tensor):
+            loss = torch.tensor(float(loss))
+        self.losses.append(loss.detach() if loss.requires_grad else loss)
+        self.steps.append(step)
+        self.sizes.append(size)
+
+    def read(self, monitor: DivergenceMonitor | None, epoch: int) -> DivergenceRecord | None:
+        """Read the losses kept since the last read (one host synchronisation), add them to the mean
+        and feed them to ``monitor`` (``None``: not) in runs of consecutive steps (a skipped step,
+        fp16 loss scaling, has no loss); returns the monitor's record of the first step that trips."""
+        if not self.losses:
+            return None
+        try:  # one-element losses of one shape, dtype promoted
+            values = torch.stack(self.losses).reshape(-1).tolist()
+        except RuntimeError:  # of different shapes or devices
+            values = [float(t) for t in self.losses]
+        steps, sizes = self.steps, self.sizes
+        self.losses, self.steps, self.sizes = [], [], []
+        for v, n in zip(values, sizes):
+            if math.isfinite(v):
+                self.total += v * n
+                self.count += n
+        found, start = None, 0
+        for i in range(1, len(steps) + 1):
+            if monitor is not None and found is None and (i == len(steps) or steps[i] != steps[i - 1] + 1):
+                found = monitor.update(values[start:i], step=steps[i - 1], epoch=epoch)
+                start = i
+        return found
+
+    def mean(self) -> float:
+        return self.total / self.count if self.count else math.nan
 
 
 def nonfinite_weights(model: nn.Module) -> list[str]:

@@ -264,9 +264,11 @@ class Trainer:
         """``data.augmentation``: ``flip`` or ``crop_flip`` (``landscape.data.random_hflip`` /
         ``random_crop_flip``, flip probability 1/2) drawn from the run's augmentation generator, on
         the whole global batch (so data-parallel ranks see the same images as one process)."""
+        d, gen = self.cfg["data"], self.generators["augment"]
+        if d["augmentation"] == "none":  # before the import: no per-step cost without augmentation
+            return x
         from landscape.data import random_crop_flip, random_hflip
 
-        d, gen = self.cfg["data"], self.generators["augment"]
         if d["augmentation"] == "flip":
             return random_hflip(x, 0.5, generator=gen)
         if d["augmentation"] == "crop_flip":
@@ -275,10 +277,9 @@ class Trainer:
 
     def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         idx = idx.to(self.device)
-        x, y = self.x_train[idx], self.y_train[idx]
-        x = self._augment(x)
+        x, y = self._augment(self.x_train[idx]), self.y_train[idx]
         lo, hi = self.ctx.shard(len(idx))
-        return x[lo:hi], y[lo:hi]
+        return (x, y) if (lo, hi) == (0, len(idx)) else (x[lo:hi], y[lo:hi])
 
     def _sync_batchnorm(self) -> Any:
         """``distributed.sync_batchnorm`` under data parallelism: BatchNorm layers replaced by
@@ -310,7 +311,7 @@ class Trainer:
         self.model.train()
         perm = torch.randperm(self.n, generator=self.generators["data"])
         epochs = self.cfg["train"]["epochs"]
-        total, count, skipped = 0.0, 0, 0
+        losses, skipped, every = dv.StepLosses(), 0, dv.READ_EVERY or self.monitor.window
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
@@ -322,7 +323,8 @@ class Trainer:
                 desc=f"{self.method['name']} seed {self.seed} epoch {epoch + 1}/{epochs}",
             )
         lr = self.inner.param_groups[0]["lr"]
-        for b in range(self.steps_per_epoch):
+        steps = self.steps_per_epoch
+        for b in range(steps):
             idx = perm[b * self.batch_size : (b + 1) * self.batch_size]
             x, y = self._batch(idx)
             if STEP_HOOK is not None:
@@ -337,17 +339,18 @@ class Trainer:
             self.scheduler.step()
             self.counters["step"] += 1
             if loss is not None:
-                value = float(loss)
-                if self.pending is None:
-                    self.pending = self.monitor.update([value], step=self.counters["step"], epoch=epoch + 1)
-                    if self.pending is not None and not self.defer_divergence:
-                        raise dv.Diverged(self.pending, self.run_dir)
-                if math.isfinite(value):
-                    total += value * len(idx)
-                    count += len(idx)
+                losses.add(loss, self.counters["step"], len(idx))
+            if (b + 1) % every and b + 1 < steps:
+                continue
+            # one host read of the losses since the last one (not one per step)
+            found = losses.read(self.monitor if self.pending is None else None, epoch + 1)
+            if found is not None:
+                self.pending = found
+                if not self.defer_divergence:
+                    raise dv.Diverged(found, self.run_dir)
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{total / max(count, 1):.4g}")
+                bar.update(b + 1 - bar.n)
+                bar.set_postfix(loss=f"{losses.mean():.4g}")
         if bar is not None:
             bar.close()
         self.counters["skipped"] += skipped
@@ -355,7 +358,7 @@ class Trainer:
             "epoch": epoch + 1,
             "step": self.counters["step"],
             "lr": lr,
-            "train_loss": total / count if count else math.nan,
+            "train_loss": losses.mean(),
             "skipped_steps": skipped,
         }
         if self.scaler.enabled:
