@@ -149,7 +149,14 @@ class ClosureFactory:
         self.per_example_fn = nn.CrossEntropyLoss(reduction="none", label_smoothing=loss_fn.label_smoothing)
 
     def chunk_weights(self, n_global: int, m: int) -> list[float]:
-        """``n_local,k / n_global,k`` for each sub-batch ``k`` of the closure (``m`` sub-batches)."""
+        """``n_local,k / n_global,k`` for each sub-batch ``k`` of the closure (``m`` sub-batches);
+        computed once per ``(n_global, m)`` (the same for every step of a run)."""
+        cache = self.__dict__.setdefault("_chunk_weight_cache", {})
+        if (n_global, m) not in cache:
+            cache[(n_global, m)] = self._chunk_weights(n_global, m)
+        return cache[(n_global, m)]
+
+    def _chunk_weights(self, n_global: int, m: int) -> list[float]:
         ctx = self.ctx
         shards = torch.tensor_split(torch.arange(n_global), ctx.world if ctx.data_parallel else 1)
         sizes = [[len(c) for c in torch.tensor_split(s, m)] for s in shards]
