@@ -159,7 +159,7 @@ class DivergenceMonitor:
                 self.reference = v
             self.recent.append(v)
             if self.factor > 0 and self.reference > 0 and len(self.recent) == self.window:
-                mean = sum(self.recent) / self.window
+                mean = self.running_mean()
                 if mean > self.factor * self.reference:
                     return self._record(GROWTH, s, epoch, mean)
         return None

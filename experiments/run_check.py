@@ -1,10 +1,10 @@
 """What a run directory already holds must belong to the run about to use it.
 
 Before a run writes anything, :func:`check_run_dir` compares its configuration with the one the
-directory records, in ``config.toml`` (written when a run starts) and ``results.json`` (written
-when it ends), in every key that can change a result: everything but the keys of
-``experiments.runner._NOT_SEMANTIC`` (``progress``, ``out_dir``, ``device``, ``threads``,
-``paper``, ``name``), evaluation keys included. Any difference is refused (``ValueError`` naming
+directory records, in ``config.toml`` (written when a run starts) and ``results.json`` (written when
+it ends), in every key that can change a result (:func:`experiments.runner.run_settings`: everything
+but ``progress``, ``out_dir``, ``device``, ``threads``, ``paper``, ``name`` and the seed, which the
+directory's path holds), evaluation keys included. Any difference is refused (``ValueError`` naming
 each differing key as a dotted path with both values, and the fix: another ``out_dir``, or delete
 the run directory): a run is never resumed, re-evaluated or overwritten under another configuration,
 so a directory's files always come from one configuration. Only a ``config.toml`` beside no product
@@ -29,32 +29,17 @@ _MAX_SHOWN = 8
 _ABSENT = "(absent)"
 
 
-def _normal(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The result-relevant part of ``cfg`` (the hashed form), as plain JSON values."""
-    from experiments.runner import _NOT_SEMANTIC, semantic_config
+def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """:func:`experiments.runner.run_settings` of ``cfg``, as plain JSON values."""
+    from experiments.runner import run_settings
 
-    keep = {k: v for k, v in semantic_config(cfg).items() if k not in _NOT_SEMANTIC}
-    return json.loads(json.dumps(keep, default=str))
-
-
-def _flat(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(value, dict) and value:
-        for k, v in value.items():
-            _flat(v, f"{prefix}.{k}" if prefix else str(k), out)
-    elif prefix == "methods" and isinstance(value, list) and all(isinstance(m, dict) for m in value):
-        for i, m in enumerate(value):  # methods.<name>.key, the override syntax
-            _flat(m, f"methods.{m.get('name', i)}", out)
-    else:
-        out[prefix] = value
+    return json.loads(json.dumps(run_settings(cfg), default=str))
 
 
 def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """``[(dotted key, old value, new value)]`` over the result-relevant keys (sorted; a key only
     one side has shows ``"(absent)"`` on the other)."""
-    a: dict[str, Any] = {}
-    b: dict[str, Any] = {}
-    _flat(_normal(old), "", a)
-    _flat(_normal(new), "", b)
+    a, b = _settings(old), _settings(new)
     same = lambda x, y: json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)  # noqa: E731 - NaN == NaN
     return [
         (k, a.get(k, _ABSENT), b.get(k, _ABSENT))

@@ -43,7 +43,9 @@ from experiments.toml_writer import dumps
 from landscape.io import atomic_write_json, atomic_write_text, read_json
 from landscape.results import Result
 
-__all__ = ["Run", "RunResult", "environment", "plan_runs", "run_one", "semantic_config", "validate"]
+__all__ = [
+    "Run", "RunResult", "environment", "plan_runs", "run_one", "run_settings", "semantic_config", "validate",
+]  # fmt: skip
 
 _NOT_SEMANTIC = ("progress", "out_dir", "device", "threads", "paper", "name")
 _EVAL_ONLY = ("evaluation",)
@@ -177,6 +179,38 @@ def semantic_config(cfg: dict[str, Any]) -> dict[str, Any]:
             out[table] = _without_defaults(out[table], defaults)
     if isinstance(out.get("methods"), list):
         out["methods"] = [_semantic_method(m) if isinstance(m, dict) else m for m in out["methods"]]
+    return out
+
+
+def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif prefix:
+        out[prefix] = node
+
+
+def run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The result-relevant settings of a run's config as dotted keys (``train.lr``,
+    ``methods.sam.hyperparameters.rho``, ...): the resolved config (as read when it no longer
+    resolves), :func:`semantic_config`, without the non-semantic keys and ``seeds``. Lists are one
+    value; empty tables are left out. Tables group runs by it (:mod:`experiments.table`) and a run
+    directory refuses another run's configuration by it (:mod:`experiments.run_check`)."""
+    try:
+        cfg = resolve_config(cfg)
+    except (ValueError, TypeError, KeyError):
+        cfg = dict(cfg)  # an older or foreign config: compared as written
+    keep = {k: v for k, v in semantic_config(cfg).items() if k not in (*_NOT_SEMANTIC, "seeds")}
+    methods = keep.pop("methods", None)
+    out: dict[str, Any] = {}
+    _flatten(keep, "", out)
+    if isinstance(methods, list):
+        names = [m.get("name") if isinstance(m, dict) else None for m in methods]
+        unique = len(set(names)) == len(names) and None not in names
+        for i, m in enumerate(methods):
+            _flatten(m, f"methods.{names[i] if unique else i}", out)
+    elif methods is not None:
+        out["methods"] = methods
     return out
 
 

@@ -38,8 +38,7 @@ from typing import Any
 import numpy as np
 import tomllib
 
-from experiments.config import resolve_config
-from experiments.runner import _NOT_SEMANTIC, semantic_config
+from experiments.runner import run_settings
 from landscape.io import atomic_write, atomic_write_text, read_json, to_jsonable
 
 __all__ = [
@@ -54,7 +53,6 @@ __all__ = [
 
 _ID_KEYS = ("method", "seed", "variant", "status")
 #: config keys that do not change a run's results (the runner's) and the seed list
-_IGNORED = (*_NOT_SEMANTIC, "seeds")
 _UNSET = "(unset)"
 NO_CONFIG = "no config.toml"
 
@@ -120,37 +118,6 @@ def collect_runs(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------------------- grouping
-def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(node, dict):
-        for k, v in node.items():
-            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
-    elif prefix:
-        out[prefix] = node
-
-
-def run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The result-relevant settings of a run's config as dotted keys (``train.lr``,
-    ``methods.sam.hyperparameters.rho``, ...): the resolved config (as read when it no longer
-    resolves), :func:`~experiments.runner.semantic_config`, without the runner's non-semantic keys
-    and ``seeds``. Lists are one value; empty tables are left out."""
-    try:
-        cfg = resolve_config(cfg)
-    except (ValueError, TypeError, KeyError):
-        cfg = dict(cfg)  # an older or foreign config: compared as written
-    keep = {k: v for k, v in semantic_config(cfg).items() if k not in _IGNORED}
-    methods = keep.pop("methods", None)
-    out: dict[str, Any] = {}
-    _flatten(keep, "", out)
-    if isinstance(methods, list):
-        names = [m.get("name") if isinstance(m, dict) else None for m in methods]
-        unique = len(set(names)) == len(names) and None not in names
-        for i, m in enumerate(methods):
-            _flatten(m, f"methods.{names[i] if unique else i}", out)
-    elif methods is not None:
-        out["methods"] = methods
-    return out
-
-
 def _canon(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
 
