@@ -283,9 +283,7 @@ def posterior_tables(rows: list[dict[str, Any]]) -> str:
 def diverged(row: dict[str, Any]) -> bool:
     """A run the runner stopped as diverged (``status``, :mod:`experiments.divergence`), or whose
     training loss exceeded ``DIVERGED_LOSS`` in some epoch (chance is ln 10 = 2.3)."""
-    if row.get("status") == "diverged":
-        return True
-    return any(h["train_loss"] > DIVERGED_LOSS for h in row["history"])
+    return stopped(row) or any(h["train_loss"] > DIVERGED_LOSS for h in row["history"])
 
 
 def label_noise_figure(rows: list[dict[str, Any]], path: Path) -> None:
