@@ -55,12 +55,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._plain_loops import PlainLoop, minimal_sgd_step, one_file_sam_step  # noqa: E402
 from benchmarks._runner import base_argparser, format_table, machine_info, sync  # noqa: E402
 from landscape.io import atomic_write_json  # noqa: E402
 
@@ -98,70 +96,38 @@ RUNNER_METHODS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "vogn": ("VOGN", "mc_samples=5", _VOGN),
     "ivon": ("IVON", "", {"optimizer": "ivon", "hyperparameters": {"lr": 0.1}}),
     "swag": ("SWAG", "rank 20, every epoch", {"optimizer": "sgd", "swag": {"rank": 20, "start_epoch": 0}}),
+    "sgd-compiled": ("SGD", "compiled", {"optimizer": "sgd"}),
+    "sam-compiled": ("SAM", "m=1 compiled", _SAM),
+    "bsam-compiled": ("bSAM", "m=1 compiled", _BSAM),
 }
+#: rows run with ``train.compile = "default"`` (torch.compile of the training forward/backward);
+#: each is also compared with its eager row (``x_eager``)
+COMPILED = {"sgd-compiled": "sgd", "sam-compiled": "sam", "bsam-compiled": "bsam"}
 PLAIN = {"minimal-sgd": ("SGD", "minimal loop"), "one-file-sam": ("SAM", "one-file, m=1")}
 #: rows compared with the one-file SAM (two-pass methods with one perturbation per step)
 ONE_FILE_PEERS = ("sam", "asam", "fsam", "bsam")
-#: (target, numerator key, denominator key, timed quantity, limit): issue 25's "done when"
+#: (target, numerator key, denominator key, timed quantity, limit, device type): issue 25's "done
+#: when", the CPU targets and the GPU ones (checked where the benchmark runs on that device)
 TARGETS = (
-    ("sam_m8_le_2.0x_sam_m1", "sam-m8", "sam", "step_ms", 2.0),
-    ("sam_m1_le_2.05x_sgd", "sam", "sgd", "step_ms", 2.05),
-    ("bsam_m1_le_2.2x_sgd", "bsam", "sgd", "step_ms", 2.2),
-    ("runner_sgd_epoch_le_1.10x_minimal_loop", "sgd", "minimal-sgd", "epoch_ms", 1.10),
+    ("sam_m8_le_2.0x_sam_m1", "sam-m8", "sam", "step_ms", 2.0, "cpu"),
+    ("sam_m1_le_2.05x_sgd", "sam", "sgd", "step_ms", 2.05, "cpu"),
+    ("bsam_m1_le_2.2x_sgd", "bsam", "sgd", "step_ms", 2.2, "cpu"),
+    ("runner_sgd_epoch_le_1.10x_minimal_loop", "sgd", "minimal-sgd", "epoch_ms", 1.10, "cpu"),
+    ("sam_m8_le_2.5x_sgd", "sam-m8", "sgd", "step_ms", 2.5, "cuda"),
+    ("bsam_m8_le_2.5x_sgd", "bsam-m8", "sgd", "step_ms", 2.5, "cuda"),
+    (
+        "compiled_sgd_step_ge_2.5x_faster_than_minimal_loop",
+        "sgd-compiled",
+        "minimal-sgd",
+        "step_ms",
+        0.4,
+        "cuda",
+    ),
 )
 
 
-# ------------------------------------------------------------------------------------ the anchor
-def one_file_sam_step(
-    model: nn.Module, base: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, rho: float = RHO
-) -> torch.Tensor:
-    """One SAM step (Foret et al. 2021, Alg. 1): ``g = grad L(w)``, ``e = rho g / (||g|| + 1e-12)``,
-    the gradient at ``w + e``, ``w`` restored, then ``base.step()`` at ``w``; BatchNorm running
-    statistics are those of the first pass. ``torch._foreach_*`` as in ``torch.optim``. Returns the
-    loss at ``w``."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    stats = [b for m in model.modules() if isinstance(m, _BatchNorm) for b in m.buffers()]
-    loss = F.cross_entropy(model(x), y)
-    grads = torch.autograd.grad(loss, params)
-    with torch.no_grad():
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        eps = torch._foreach_mul(grads, rho / (norm + 1e-12))
-        saved, saved_stats = [p.clone() for p in params], [b.clone() for b in stats]
-        torch._foreach_add_(params, eps)
-    base.zero_grad(set_to_none=True)
-    F.cross_entropy(model(x), y).backward()
-    with torch.no_grad():
-        torch._foreach_copy_(params, saved)
-        if stats:
-            torch._foreach_copy_(stats, saved_stats)
-    base.step()
-    return loss.detach()
-
-
-def minimal_sgd_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
-    opt.zero_grad(set_to_none=True)
-    F.cross_entropy(model(x), y).backward()
-    opt.step()
-
-
-class PlainLoop:
-    """The minimal loop: per epoch ``randperm`` on the device, full batches of the on-device data,
-    the runner's augmentation function, ``step(x, y)``; nothing read back, logged or saved."""
-
-    def __init__(self, x, y, batch_size: int, augment: Callable[[torch.Tensor], torch.Tensor] | None, step):
-        self.x, self.y, self.bs, self.augment, self.step = x, y, batch_size, augment, step
-        self.steps_per_epoch = len(y) // batch_size
-
-    def epoch(self) -> None:
-        perm = torch.randperm(len(self.y), device=self.x.device)
-        for b in range(self.steps_per_epoch):
-            idx = perm[b * self.bs : (b + 1) * self.bs]
-            x = self.x[idx]
-            self.step(self.augment(x) if self.augment is not None else x, self.y[idx])
-
-
 # ------------------------------------------------------------------------------------ the runner
-def runner_config(args, method: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+def runner_config(args, method: dict[str, Any], out_dir: Path, compile_mode: str = "off") -> dict[str, Any]:
     """The resolved config of one method's run (as the runner reads it from a TOML file)."""
     from experiments.config import resolve_config
     from experiments.runner import plan_runs
@@ -187,6 +153,7 @@ def runner_config(args, method: dict[str, Any], out_dir: Path) -> dict[str, Any]
             "schedule": "constant",
             "drop_last": True,
             "divergence_factor": 1e30,  # a benchmark, not a training run: only non-finite losses stop it
+            "compile": compile_mode,
             "optimizer_defaults": dict(SGD_DEFAULTS),
         },
         "methods": [{"name": "m", **method}],
@@ -212,7 +179,7 @@ def build_trainer(args, key: str, data, out_dir: Path):
     from experiments.parallel import DistContext
     from experiments.train import Trainer
 
-    cfg = runner_config(args, RUNNER_METHODS[key][2], out_dir)
+    cfg = runner_config(args, RUNNER_METHODS[key][2], out_dir, "default" if key in COMPILED else "off")
     run_dir = out_dir / key
     dev = torch.device(args.device)
     return Trainer(
@@ -379,14 +346,18 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             r["x_m1"] = ratio(k, k.split("-m8")[0])
         if k.endswith("-m8"):
             r["batched_x_loop"] = ratio(k, f"{k}-loop")
+        if k in COMPILED:
+            r["x_eager"] = ratio(k, COMPILED[k])
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Issue 25's targets on the ratio of the medians (pass/fail), with the median over the rounds
-    of the per-round ratio beside it (the two rows ran in the same round)."""
+def summarize(rows: list[dict[str, Any]], device: str = "cpu") -> dict[str, Any]:
+    """Issue 25's targets for this device type on the ratio of the medians (pass/fail), with the
+    median over the rounds of the per-round ratio beside it (the two rows ran in the same round)."""
     by = {r["key"]: r for r in rows if r.get("step_ms")}
     targets = []
-    for name, a, b, key, limit in TARGETS:
+    for name, a, b, key, limit, kind in TARGETS:
+        if kind != torch.device(device).type:
+            continue
         entry: dict[str, Any] = {"target": name, "numerator": a, "denominator": b, "of": key, "limit": limit}
         if a in by and b in by:
             runs = zip(by[a][f"{key}_runs"], by[b][f"{key}_runs"])
@@ -404,7 +375,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     cols = ["method", "variant", "harness", "m_sharpness", "step_ms", "steps_per_s", "epoch_ms"]
-    cols += ["x_minimal_sgd", "x_runner_sgd", "x_one_file_sam", "x_m1", "batched_x_loop", "error"]
+    cols += ["x_minimal_sgd", "x_runner_sgd", "x_one_file_sam", "x_m1", "batched_x_loop", "x_eager", "error"]
     shown = [{**r, "error": r["error"][:80]} if r.get("error") else r for r in rows]  # full text in the JSON
     table = format_table(shown, [c for c in cols if any(r.get(c) is not None for r in rows)])
     lines = ["| " + ln + " |" for ln in table.splitlines()]
@@ -472,7 +443,7 @@ def _run(args, tmp: Path) -> Path:
     print(f"{args.model} on {args.device}: {info}", flush=True)
     time_benches(benches, args, spe)
     rows = make_rows(benches, trainers)
-    summary = summarize(rows)
+    summary = summarize(rows, args.device)
     machine = machine_info()
     machine["loadavg_1_5_15"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     kind = torch.device(args.device).type

@@ -141,8 +141,10 @@ class ClosureFactory:
         create_graph: bool = False,
         kl: tuple[Callable[[nn.Module], torch.Tensor], float, int] | None = None,
         bn_sync: Any = None,
+        forward: Callable[[torch.Tensor], Any] | None = None,
     ) -> None:
         self.model, self.inner, self.contract, self.loss_fn = model, inner, contract, loss_fn
+        self.forward = model if forward is None else forward  # e.g. torch.compile(model)
         self.params, self.precision, self.device = params, precision, device
         self.ctx, self.create_graph, self.kl, self.bn_sync = ctx, create_graph, kl, bn_sync
         self.first_pass, self._reset = pass_detector(ctx, inner, method_name)
@@ -166,7 +168,7 @@ class ClosureFactory:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         with autocast_context(self.precision, self.device):
-            out = self.model(x)
+            out = self.forward(x)
         return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
 
     def __call__(
@@ -179,7 +181,7 @@ class ClosureFactory:
         if self.contract.closure == "per_example_losses":
             return lambda: self.per_example_fn(self._logits(x), y)
         m = int(getattr(self.inner, "m", 1))
-        xs, ys = torch.tensor_split(x, m), torch.tensor_split(y, m)
+        xs, ys = ((x,), (y,)) if m == 1 else (torch.tensor_split(x, m), torch.tensor_split(y, m))
         weights = self.chunk_weights(n_global, m)
         ctx = self.ctx
 
@@ -205,11 +207,15 @@ class ClosureFactory:
 
         # what optimizers.batched_chunks needs to vectorise the m sub-batches (m-sharpness)
         closure.model, closure.loss_fn, closure.x_chunks, closure.y_chunks = self.model, self.loss_fn, xs, ys
-        closure.batched_unavailable = self._batched_unavailable(scaler)
+        cache = self.__dict__.setdefault("_unavailable_cache", {})  # the same for every step of a run
+        if scaler.enabled not in cache:
+            cache[scaler.enabled] = self._batched_unavailable(scaler)
+        closure.batched_unavailable = cache[scaler.enabled]
         return closure
 
     def _batched_unavailable(self, scaler: LossScaler) -> str | None:
-        """Why the optimizer must run this closure's sub-batches one by one (``None``: it may not)."""
+        """Why the optimizer must run this closure's sub-batches one by one (``None``: it may not);
+        depends on the run's settings only (cached per ``scaler.enabled``)."""
         if self.precision not in ("float32", "float64"):
             return f"precision {self.precision} (autocast / fp16 loss scaling run in the closure)"
         reasons = {

@@ -90,6 +90,7 @@ DEFAULTS: dict[str, Any] = {
         "swa_start": 0.0,
         "min_lr": 0.0,
         "divergence_factor": 10.0,  # a loss above 10x the initial one: diverged (experiments.divergence)
+        "compile": "off",  # torch.compile of the training forward/backward (experiments.train)
         "label_smoothing": 0.0,
         "drop_last": False,
         "optimizer_defaults": {},
@@ -123,6 +124,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.label_noise_mode": ("flip", "uniform", "asymmetric"),
     "data.crop_fill": ("mean", "black"),
     "train.schedule": ("cosine", "step", "constant", "swa", "none"),
+    "train.compile": ("off", "default", "reduce-overhead", "max-autotune"),
     "distributed.mode": ("grid", "data_parallel"),
     "distributed.perturbation": ("global", "local"),
     "distributed.backend": ("auto", "gloo", "nccl"),

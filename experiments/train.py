@@ -18,6 +18,14 @@ Loshchilov & Hutter 2017, annealed to zero, or to ``train.min_lr``), ``step`` (t
 each milestone epoch) or ``constant``, after an optional linear warm-up, through
 ``torch.optim.lr_scheduler.LambdaLR`` on the optimizer's param groups.
 
+``train.compile`` (``"off"`` by default) runs the training forward and backward passes through
+``torch.compile(model, mode=...)`` (``"default"``, ``"reduce-overhead"``: CUDA graphs for the static
+shapes on a GPU, ``"max-autotune"``); the closure, the optimizer's two passes and its update are
+unchanged, evaluation and checkpoints use the eager module (same weights). Updates equal the eager
+ones within float32 rounding (``tests/test_compiled_step.py``). The batched m-sharpness path
+(:mod:`optimizers.batched_chunks`) vmaps the eager module; the sub-batch loop
+(``batched_m = false``) runs the compiled one.
+
 A non-finite training loss, a training loss that grew by more than ``train.divergence_factor``,
 non-finite weights or non-finite test predictions stop the run with
 :class:`experiments.divergence.Diverged` before the epoch's checkpoint is written (see that module).
@@ -46,6 +54,7 @@ from experiments.data import RunData, data_fingerprints, prepare_data
 from experiments.logs import EpochLogger
 from experiments.methods import build_optimizer, check_run, inner_optimizer
 from experiments.parallel import DistContext
+from experiments.schedules import NoSchedule, lr_factor
 
 __all__ = ["STEP_HOOK", "Trainer", "build_model", "check_model", "lr_factor"]
 
@@ -55,38 +64,6 @@ STEP_HOOK: Callable[[int], None] | None = None
 AUG_SEED_OFFSET = 1_000_003
 OPT_SEED_OFFSET = 2_000_006
 BAYES_SEED_OFFSET = 3_000_009
-
-
-def lr_factor(step: int, steps_per_epoch: int, train_cfg: dict[str, Any]) -> float:
-    """Multiplier of the base learning rate at optimizer step ``step`` (0-based).
-
-    ``swa``: the schedule of Izmailov et al. 2018 (SWA) and Maddox et al. 2019 (SWAG): constant
-    for the first half of ``swa_start`` epochs, linear to ``swa_lr / lr`` until 90 % of it, then
-    constant (per epoch). Milestones below 1 are fractions of the run; epoch-valued settings are
-    scaled by ``epoch_scale`` (set by the budget).
-    """
-    t = step / steps_per_epoch  # epochs done, fractional
-    total = train_cfg["epochs"]
-    scale = train_cfg.get("epoch_scale", 1.0)
-    kind = train_cfg["schedule"]
-    if kind == "cosine":
-        f = 0.5 * (1.0 + math.cos(math.pi * min(t, total) / total))
-        if train_cfg.get("min_lr", 0.0) > 0:  # annealed to min_lr, not zero (CosineAnnealingLR's eta_min)
-            floor = train_cfg["min_lr"] / train_cfg["lr"]
-            f = floor + (1.0 - floor) * f
-    elif kind == "step":
-        ms = [m * total if m < 1 else m * scale for m in train_cfg["milestones"]]
-        f = train_cfg["gamma"] ** sum(1 for m in ms if t >= m)
-    elif kind == "swa":
-        u = math.floor(t) / (train_cfg["swa_start"] * scale)
-        ratio = train_cfg["swa_lr"] / train_cfg["lr"] if train_cfg["lr"] > 0 else 1.0
-        f = 1.0 if u <= 0.5 else 1.0 - (1.0 - ratio) * (u - 0.5) / 0.4 if u <= 0.9 else ratio
-    else:
-        f = 1.0
-    warm = train_cfg["warmup_epochs"] * scale * steps_per_epoch
-    if warm > 0 and step < warm:
-        f *= (step + 1) / warm
-    return f
 
 
 def build_model(cfg: dict[str, Any], seed: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
@@ -201,7 +178,7 @@ class Trainer:
         )
         self.inner = inner_optimizer(self.opt)
         if t["schedule"] == "none":  # the optimizer sets its own learning rate (e.g. F-SGLD's official one)
-            self.scheduler: Any = _NoSchedule()
+            self.scheduler: Any = NoSchedule()
         else:
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 self.inner, lambda s: lr_factor(s, self.steps_per_epoch, t)
@@ -232,7 +209,9 @@ class Trainer:
                 "statistics inside its step, which the runner cannot all-reduce; use "
                 'distributed.mode = "grid" (the torchrun ranks then run separate runs)'
             )
+        self.forward = _compiled_forward(self.model, t["compile"], self.create_graph)
         self.closures = ClosureFactory(
+            forward=self.forward,
             model=self.model,
             inner=self.inner,
             contract=self.contract,
@@ -309,7 +288,8 @@ class Trainer:
     def _epoch(self, epoch: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.model.train()
-        perm = torch.randperm(self.n, generator=self.generators["data"])
+        # the epoch's order, drawn on the CPU generator, moved to the device once (not per step)
+        perm = torch.randperm(self.n, generator=self.generators["data"]).to(self.device)
         epochs = self.cfg["train"]["epochs"]
         losses, skipped, every = dv.StepLosses(), 0, dv.READ_EVERY or self.monitor.window
         bar = None
@@ -450,17 +430,16 @@ class Trainer:
             )
 
 
-class _NoSchedule:
-    """``train.schedule = "none"``: no scheduler touches the learning rate."""
-
-    def step(self) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        pass
+def _compiled_forward(model: nn.Module, mode: str, create_graph: bool) -> Callable[..., Any]:
+    """The module itself (``train.compile = "off"``) or ``torch.compile(model, mode=...)``."""
+    if mode == "off":
+        return model
+    if create_graph:
+        raise ConfigError(
+            f'train.compile = "{mode}" cannot differentiate twice (the method uses hvp = "exact"); use '
+            'hyperparameters.hvp = "finite_difference" or train.compile = "off"'
+        )
+    return torch.compile(model, mode=None if mode == "default" else mode)
 
 
 def _crop_fill(cfg: dict[str, Any], x: torch.Tensor) -> Any:

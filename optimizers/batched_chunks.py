@@ -31,10 +31,25 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils._pytree import tree_map
 
-__all__ = ["ChunkClosure", "NotVectorisable", "ChunkVectoriser", "batched_reason", "perturbation_chunks"]
+__all__ = [
+    "chunk_norms",
+    "ChunkClosure",
+    "NotVectorisable",
+    "ChunkVectoriser",
+    "batched_reason",
+    "perturbation_chunks",
+]
+
+
+def chunk_norms(stacked: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``[m]``: the Euclidean norm of slice ``k`` of all tensors in ``stacked`` (each ``[m, ...]``)
+    together, i.e. ``optimizers.perturbation.global_norm`` of chunk ``k``'s tensors."""
+    per = [torch.linalg.vector_norm(t.reshape(t.shape[0], -1), 2.0, dim=1) for t in stacked]
+    return torch.linalg.vector_norm(torch.stack(per), 2.0, dim=0)
 
 
 class NotVectorisable(Exception):
@@ -147,7 +162,7 @@ class ChunkVectoriser:
         stat_names = {f"{n}.{b}" if n else b for n, _ in self.bn for b in ("running_mean", "running_var")}
         nbt_names = {f"{n}.num_batches_tracked" if n else "num_batches_tracked" for n, _ in self.bn}
         self.other = {n: b for n, b in model.named_buffers() if n not in stat_names and n not in nbt_names}
-        self.xs, self.ys = torch.stack(list(x_chunks)), torch.stack(list(y_chunks))
+        self.xs, self.y_list = torch.stack(list(x_chunks)), list(y_chunks)
 
     def _prefix(self, name: str, buf: str) -> str:
         return f"{name}.{buf}" if name else buf
@@ -175,19 +190,32 @@ class ChunkVectoriser:
         versions = {n: b._version for n, b in other.items()}
         model, loss_fn, const = self.model, self.loss_fn, self.const
 
-        def f(p, scr, cnt, oth, x, y):
-            out = functional_call(model, {**p, **const, **scr, **cnt, **oth}, (x,))
-            return loss_fn(out, y), scr
+        fixed = {**const, **counters, **other}  # unbatched: captured, not mapped
 
+        def forward(batched, x):  # batched: the parameters and the BatchNorm scratch buffers
+            out = functional_call(model, {**batched, **fixed}, (x,))
+            return out, {n: batched[n] for n in scratch}  # scratch now holds the chunk's statistics
+
+        # one leaf [m, ...] per parameter (shared weights: a stride-0 expansion, no copy); chunk k's
+        # loss depends on slice k only, so the gradient of the summed losses is the m gradients
+        leaves = [
+            (t.detach() if stacked else t.detach().expand(m, *t.shape)).requires_grad_()
+            for t in params.values()
+        ]
         momenta = [mod.momentum for _, mod in self.bn]
         try:
             for _, mod in self.bn:
                 mod.momentum = None  # factor 1 / num_batches_tracked = 1: scratch <- chunk statistics
-            fn = vmap(grad_and_value(f, has_aux=True), in_dims=(0 if stacked else None, 0, None, None, 0, 0))
-            g, (losses, stats) = fn(params, scratch, counters, other, self.xs, self.ys)
+            outs, stats = vmap(forward)({**dict(zip(params, leaves)), **scratch}, self.xs)
+            # the loss chunk by chunk, outside vmap: loss_fn(model(x_k), y_k) as the loop calls it
+            losses = torch.stack(
+                [loss_fn(tree_map(lambda t, k=k: t[k], outs), y) for k, y in enumerate(self.y_list)]
+            )
+            grads = torch.autograd.grad(losses.sum(), leaves)
         finally:
             for (_, mod), mu in zip(self.bn, momenta):
                 mod.momentum = mu
+        g = dict(zip(params, grads))
         changed = [n for n, b in other.items() if b._version != versions[n]]
         if changed:
             raise NotVectorisable(
@@ -264,30 +292,33 @@ def perturbation_chunks(opt: Any, closure: Any) -> list[dict[str, Any]]:
     with torch.enable_grad():
         w = {n: p.detach() for n, p in zip(vec.names, params)}
         g, losses, bn_stats = _vectorised(lambda: vec.grads(w, stacked=False))
-    records: list[dict[str, Any]] = []
-    eps_all: list[list[torch.Tensor]] = []
     grad_pairs = [(grp, p) for grp, p in pairs]
-    for k in range(vec.m):
-        for p, n in zip(params, vec.names):
-            p.grad = g[n][k]
-        eps, diag = opt._perturbation(grad_pairs)
-        records.append({"loss": losses[k], **diag})
-        eps_all.append(list(eps))
-    for p in params:
-        p.grad = None
-    points = {
-        n: torch.stack([p.detach() + eps_all[k][i] for k in range(vec.m)])
-        for i, (p, n) in enumerate(zip(params, vec.names))
-    }
+    hook = getattr(opt, "_perturbation_batched", None)
+    if hook is not None:  # all m perturbations in one pass
+        eps_st, diag = hook(grad_pairs, [g[n] for n in vec.names])
+        records = [{"loss": losses[k], **{key: v[k] for key, v in diag.items()}} for k in range(vec.m)]
+        points = {n: p.detach() + e for p, n, e in zip(params, vec.names, eps_st)}
+    else:  # the method's hook chunk by chunk, with p.grad set to chunk k's gradient
+        records = []
+        eps_all: list[list[torch.Tensor]] = []
+        for k in range(vec.m):
+            for p, n in zip(params, vec.names):
+                p.grad = g[n][k]
+            eps, d = opt._perturbation(grad_pairs)
+            records.append({"loss": losses[k], **d})
+            eps_all.append(list(eps))
+        for p in params:
+            p.grad = None
+        points = {
+            n: torch.stack([p.detach() + eps_all[k][i] for k in range(vec.m)])
+            for i, (p, n) in enumerate(zip(params, vec.names))
+        }
     with torch.enable_grad():
         g_eps, losses_eps, _ = _vectorised(lambda: vec.grads(points, stacked=True))
     for k, rec in enumerate(records):
         rec["loss_perturbed"] = losses_eps[k]
     for p, n in zip(params, vec.names):
-        s = g_eps[n][0].clone()
-        for k in range(1, vec.m):
-            s.add_(g_eps[n][k])
-        p.grad = s.div_(vec.m)
+        p.grad = g_eps[n].sum(0).div_(vec.m)
     vec.apply_bn_updates(bn_stats)
     return records
 
@@ -297,52 +328,42 @@ def bsam_chunks(opt: Any, closure: Any, pairs: list, s_list: list[torch.Tensor])
 
     Noise ``e_k`` is drawn chunk by chunk, parameter by parameter, from ``opt.generator`` as the loop
     does; ``g_k`` at ``w + e_k`` and ``g_eps,k`` at ``w + rho g_k / s`` are one vmap each.  Returns
-    the sums the loop accumulates.  Raises :class:`NotVectorisable` before any state is touched.
+    the sums the loop accumulates (diagnostics as 0-d tensors).  Raises :class:`NotVectorisable`
+    before any state is touched.
     """
     params = [p for _, p in pairs]
     vec = ChunkVectoriser(closure.model, closure.loss_fn, params, closure.x_chunks, closure.y_chunks)
-    m, n = vec.m, opt.num_data
+    m = vec.m
     gen_state = opt.generator.get_state()
-    noise_sq = 0.0
-    points: dict[str, list[torch.Tensor]] = {name: [] for name in vec.names}
-    for _ in range(m):
-        for p, s, name in zip(params, s_list, vec.names):
-            if opt.noise:
-                e = torch.randn(p.shape, generator=opt.generator, dtype=p.dtype, device=p.device)
-                e.mul_(torch.rsqrt(n * s))
-                noise_sq += float(e.square().sum())
-                points[name].append(p.detach() + e)
-            else:
-                points[name].append(p.detach())
+    zero = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
+    noise_sq = zero
+    if opt.noise:
+        std = torch._foreach_rsqrt(torch._foreach_mul(s_list, float(opt.num_data)))
+        draws = [
+            [torch.randn(p.shape, generator=opt.generator, dtype=p.dtype, device=p.device) for p in params]
+            for _ in range(m)
+        ]
+        noise = [torch.stack([draws[k][i] for k in range(m)]).mul_(sd) for i, sd in enumerate(std)]
+        noise_sq = torch.stack([e.square().sum() for e in noise]).sum()
+        points = {name: p.detach() + e for p, name, e in zip(params, vec.names, noise)}
+    else:
+        points = {name: p.detach().expand(m, *p.shape) for p, name in zip(params, vec.names)}
     try:
         with torch.enable_grad():
-            stacked = {name: torch.stack(v) for name, v in points.items()}
-            g, losses, bn_stats = _vectorised(lambda: vec.grads(stacked, stacked=True))
-            eps_sq = gnorm = 0.0
-            points2: dict[str, list[torch.Tensor]] = {name: [] for name in vec.names}
-            for k in range(m):
-                g_sq = 0.0
-                for (group, p), s, name in zip(pairs, s_list, vec.names):
-                    eps = group["rho"] * g[name][k] / s
-                    eps_sq += float(eps.square().sum())
-                    g_sq += float(g[name][k].square().sum())
-                    points2[name].append(p.detach() + eps)
-                gnorm += g_sq**0.5
-            stacked2 = {name: torch.stack(v) for name, v in points2.items()}
-            g_eps, losses_eps, _ = _vectorised(lambda: vec.grads(stacked2, stacked=True))
+            g, losses, bn_stats = _vectorised(lambda: vec.grads(points, stacked=True))
+            grads = [g[name] for name in vec.names]
+            eps = [grp["rho"] * gk / s for (grp, _), gk, s in zip(pairs, grads, s_list)]
+            eps_sq = torch.stack([e.square().sum() for e in eps]).sum()
+            gnorm = chunk_norms(grads).sum()
+            points2 = {name: p.detach() + e for p, name, e in zip(params, vec.names, eps)}
+            g_eps, losses_eps, _ = _vectorised(lambda: vec.grads(points2, stacked=True))
     except NotVectorisable:
         opt.generator.set_state(gen_state)
         raise
-    g_eps_sum = [torch.zeros_like(p) for p in params]
-    h_sum = [torch.zeros_like(p) for p in params]
-    for k in range(m):
-        for i, (s, name) in enumerate(zip(s_list, vec.names)):
-            g_eps_sum[i].add_(g_eps[name][k])
-            h_sum[i].add_(s.sqrt() * g[name][k].abs())
     vec.apply_bn_updates(bn_stats)
     return dict(
-        g_eps_sum=g_eps_sum,
-        h_sum=h_sum,
+        g_eps_sum=[g_eps[name].sum(0) for name in vec.names],
+        h_sum=[(s.sqrt() * gk.abs()).sum(0) for s, gk in zip(s_list, grads)],
         losses=list(losses),
         losses_eps=list(losses_eps),
         eps_sq=eps_sq,

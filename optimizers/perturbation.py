@@ -81,7 +81,13 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from landscape.checks import check_nonnegative
-from optimizers.batched_chunks import ChunkClosure, NotVectorisable, batched_reason, perturbation_chunks
+from optimizers.batched_chunks import (
+    ChunkClosure,
+    NotVectorisable,
+    batched_reason,
+    chunk_norms,
+    perturbation_chunks,
+)
 from optimizers.state import check_state_dict, tag_state_dict
 
 __all__ = [
@@ -93,6 +99,7 @@ __all__ = [
     "bn_restore",
     "bn_update_disabled",
     "make_closure",
+    "chunk_norms",
     "check_nonnegative",  # re-exported from landscape.checks
 ]
 
@@ -325,6 +332,12 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         methods all parameters (``p.grad`` is then not available).
         """
         raise NotImplementedError
+
+    #: Optional: ``_perturbation_batched(pairs, grads)`` with ``grads[i]`` of shape ``[m, *p.shape]``
+    #: (chunk ``k``'s gradient in slice ``k``) returns ``eps`` stacked the same way and diagnostics of
+    #: shape ``[m]``: the ``m`` perturbations of the batched m-sharpness path in one pass, equal to
+    #: ``m`` calls of :meth:`_perturbation`.  ``None``: that path calls ``_perturbation`` chunk by chunk.
+    _perturbation_batched: Callable[..., tuple[list[torch.Tensor], dict]] | None = None
 
     def _begin_step(self) -> None:
         """Called at the start of every step (reset per-step accumulators); default: nothing."""

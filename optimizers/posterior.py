@@ -149,7 +149,7 @@ class DiagonalGaussianPosterior:
         name: str,
         values: list[torch.Tensor],
         std: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        **norms: float,
+        **norms: float | torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The mean step loss and the ``self.last`` summary of a step (IVON, VOGN, bSAM).
 
@@ -164,11 +164,11 @@ class DiagonalGaussianPosterior:
         else:
             sd = torch.cat([v.reshape(-1) for v in self.posterior_std().values()]) if values else flat
         loss = torch.stack(losses).mean()
-        last = dict(
-            loss=float(loss),
+        last = dict(  # 0-d tensors on the parameters' device: read (float()) only when needed
+            loss=loss,
             **norms,
-            **{f"{name}_min": float(flat.min()), f"{name}_mean": float(flat.mean())},
-            **{f"{name}_max": float(flat.max()), "posterior_std_mean": float(sd.mean())},
+            **{f"{name}_min": flat.min(), f"{name}_mean": flat.mean()},
+            **{f"{name}_max": flat.max(), "posterior_std_mean": sd.mean()},
         )
         return loss, last
 

@@ -7,7 +7,6 @@ where the code differs are in ``docs/methods/optimizers.md``.
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,11 @@ from optimizers.posterior import (
 from optimizers.state import GeneratorStateMixin
 
 __all__ = ["BayesianSAM"]
+
+
+def _sum_sq(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``sum_i ||t_i||^2`` as a 0-d tensor (one ``foreach`` norm, no host read)."""
+    return torch.stack(torch._foreach_norm(tensors)).square().sum()
 
 
 def _check_betas(name: str, betas: Any) -> None:
@@ -202,6 +206,111 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
             loss = closure() if chunk is None else closure(chunk)
         return check_closure_loss(loss, "BayesianSAM").detach()
 
+    def _sequential(
+        self, closure: Callable[..., Any], pairs: list, s_list: list[torch.Tensor]
+    ) -> dict[str, Any]:
+        """The ``2 m`` closure calls one sub-batch after another; the sums the update needs.
+
+        ``g_eps_sum[i]`` / ``h_sum[i]`` are ``None`` for a parameter that got no gradient.  The
+        diagnostics (squared norms) stay 0-d tensors on the parameters' device: no host read.
+        """
+        params = [p for _, p in pairs]
+        chunks: list[int | None] = [None] if self.m == 1 else list(range(self.m))
+        g_eps_sum: list[torch.Tensor | None] = [None] * len(params)
+        h_sum: list[torch.Tensor | None] = [None] * len(params)
+        losses, losses_eps = [], []
+        zero = params[0].new_zeros(()) if params else torch.zeros(())
+        eps_sq = noise_sq = gnorm = zero
+        if params and self.noise:
+            noise_std = torch._foreach_rsqrt(torch._foreach_mul(s_list, float(self.num_data)))
+        sqrt_s = torch._foreach_sqrt(s_list) if params else []
+        for k in chunks:
+            saved = [p.detach().clone() for p in params]
+            # pass 1: gradient at the noisy point w + e_k (at w without noise)
+            try:
+                if params and self.noise:
+                    e = [
+                        torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device)
+                        for p in params
+                    ]
+                    torch._foreach_mul_(e, noise_std)
+                    noise_sq = noise_sq + _sum_sq(e)
+                    torch._foreach_add_(params, e)
+                losses.append(self._call(closure, k))
+            finally:
+                if params:
+                    torch._foreach_copy_(params, saved)
+            idx = [i for i, p in enumerate(params) if p.grad is not None]
+            grads = [params[i].grad for i in idx]  # fresh tensors: _call sets .grad to None first
+            # pass 2: gradient at the mean plus eps_k = rho g_k / s
+            snap = bn_snapshot(self.model)
+            try:
+                if idx:
+                    eps = torch._foreach_mul(grads, [pairs[i][0]["rho"] for i in idx])
+                    torch._foreach_div_(eps, [s_list[i] for i in idx])
+                    eps_sq = eps_sq + _sum_sq(eps)
+                    gnorm = gnorm + _sum_sq(grads).sqrt()
+                    torch._foreach_add_([params[i] for i in idx], eps)
+                losses_eps.append(self._call(closure, k))
+            finally:
+                if params:
+                    torch._foreach_copy_(params, saved)
+                bn_restore(snap)
+            for i, p in enumerate(params):
+                if p.grad is not None:
+                    g_eps_sum[i] = p.grad if g_eps_sum[i] is None else g_eps_sum[i].add_(p.grad)
+            if idx:
+                h = torch._foreach_mul([sqrt_s[i] for i in idx], torch._foreach_abs(grads))
+                for i, hi in zip(idx, h):
+                    h_sum[i] = hi if h_sum[i] is None else h_sum[i].add_(hi)
+        return dict(
+            g_eps_sum=g_eps_sum,
+            h_sum=h_sum,
+            losses=losses,
+            losses_eps=losses_eps,
+            eps_sq=eps_sq,
+            noise_sq=noise_sq,
+            gnorm=gnorm,
+        )
+
+    def _update(self, pairs: list, s_list: list[torch.Tensor], g_eps_sum: list, h_sum: list) -> None:
+        """Momentum, precision and mean updates of Alg. 1, group by group with ``foreach`` ops.
+
+        A parameter with neither sum (no gradient in any pass) is left alone.
+        """
+        m, n = self.m, self.num_data
+        by_group: dict[int, list[int]] = {}
+        for i, (group, _) in enumerate(pairs):
+            if g_eps_sum[i] is not None or h_sum[i] is not None:
+                by_group.setdefault(id(group), []).append(i)
+        for idx in by_group.values():
+            group = pairs[idx[0]][0]
+            ps = [pairs[i][1] for i in idx]
+            ss = [s_list[i] for i in idx]
+            zeros = [torch.zeros_like(p) for p in ps]
+            g_eps = torch._foreach_div(
+                [zeros[j] if g_eps_sum[i] is None else g_eps_sum[i] for j, i in enumerate(idx)], m
+            )
+            h = torch._foreach_div([zeros[j] if h_sum[i] is None else h_sum[i] for j, i in enumerate(idx)], m)
+            gms = [self.state[p]["exp_avg"] for p in ps]
+            beta1, beta2 = group["betas"]
+            delta = group["prior_precision"] / n
+            target = torch._foreach_mul(ps, delta)
+            torch._foreach_add_(target, g_eps)  # g_eps + delta w
+            torch._foreach_mul_(gms, beta1)
+            torch._foreach_add_(gms, target, alpha=1.0 - beta1)
+            h_target = torch._foreach_add(h, delta)
+            torch._foreach_add_(h_target, group["damping"])  # h + delta + damping
+            if self.s_update_order == "official":
+                torch._foreach_addcdiv_(ps, gms, ss, value=-group["lr"])
+            torch._foreach_mul_(ss, beta2)
+            torch._foreach_add_(ss, h_target, alpha=1.0 - beta2)
+            if self.s_update_order != "official":
+                torch._foreach_addcdiv_(ps, gms, ss, value=-group["lr"])
+            for p, g in zip(ps, g_eps):
+                self.state[p]["step"] += 1
+                p.grad = g  # the descent gradient actually used (readable by callers)
+
     # ----------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor:  # type: ignore[override]
@@ -225,90 +334,27 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
         pairs = self._params()
         params = [p for _, p in pairs]
         s_list = [self._s(p) for p in params]
-        n = self.num_data
-        chunks: list[int | None] = [None] if self.m == 1 else list(range(self.m))
-        g_eps_sum = [torch.zeros_like(p) for p in params]
-        h_sum = [torch.zeros_like(p) for p in params]
-        touched = [False] * len(params)
-        losses, losses_eps = [], []
-        eps_sq = noise_sq = gnorm = 0.0
         mode = batched_reason(self, closure) if self.m > 1 else ""
+        sums = None
         if mode == "batched":
             try:
-                b = bsam_chunks(self, closure, pairs, s_list)
-                g_eps_sum, h_sum, touched = b["g_eps_sum"], b["h_sum"], [True] * len(params)
-                losses, losses_eps, chunks = b["losses"], b["losses_eps"], []
-                eps_sq, noise_sq, gnorm = b["eps_sq"], b["noise_sq"], b["gnorm"]
+                sums = bsam_chunks(self, closure, pairs, s_list)
             except NotVectorisable as exc:
                 self._batched_failed[id(closure.model)] = str(exc)
                 mode = f"sequential: {exc}"
-        for k in chunks:
-            saved = [p.detach().clone() for p in params]
-            # pass 1: gradient at the noisy point w + e_k (at w without noise)
-            try:
-                if self.noise:
-                    for p, s in zip(params, s_list):
-                        e = torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device)
-                        e.mul_(torch.rsqrt(n * s))
-                        noise_sq += float(e.square().sum())
-                        p.add_(e)
-                losses.append(self._call(closure, k))
-            finally:
-                for p, old in zip(params, saved):
-                    p.copy_(old)
-            grads = [p.grad.detach().clone() if p.grad is not None else None for p in params]
-            # pass 2: gradient at the mean plus eps_k = rho g_k / s
-            snap = bn_snapshot(self.model)
-            try:
-                g_sq = 0.0
-                for (group, p), g, s in zip(pairs, grads, s_list):
-                    if g is None:
-                        continue
-                    eps = group["rho"] * g / s
-                    eps_sq += float(eps.square().sum())
-                    g_sq += float(g.square().sum())
-                    p.add_(eps)
-                gnorm += math.sqrt(g_sq)
-                losses_eps.append(self._call(closure, k))
-            finally:
-                for p, old in zip(params, saved):
-                    p.copy_(old)
-                bn_restore(snap)
-            for i, (p, g, s) in enumerate(zip(params, grads, s_list)):
-                if p.grad is not None:
-                    g_eps_sum[i].add_(p.grad)
-                    touched[i] = True
-                if g is not None:
-                    h_sum[i].add_(s.sqrt() * g.abs())
-                    touched[i] = True
+        if sums is None:
+            sums = self._sequential(closure, pairs, s_list)
+        self._update(pairs, s_list, sums["g_eps_sum"], sums["h_sum"])
         m = self.m
-        for i, ((group, p), s) in enumerate(zip(pairs, s_list)):
-            if not touched[i]:
-                continue
-            st = self.state[p]
-            beta1, beta2 = group["betas"]
-            delta = group["prior_precision"] / n
-            g_eps = g_eps_sum[i] / m
-            h = h_sum[i] / m
-            gm = st["exp_avg"]
-            gm.mul_(beta1).add_(g_eps + delta * p, alpha=1.0 - beta1)
-            if self.s_update_order == "official":
-                p.addcdiv_(gm, s, value=-group["lr"])
-                s.mul_(beta2).add_(h + delta + group["damping"], alpha=1.0 - beta2)
-            else:
-                s.mul_(beta2).add_(h + delta + group["damping"], alpha=1.0 - beta2)
-                p.addcdiv_(gm, s, value=-group["lr"])
-            st["step"] += 1
-            p.grad = g_eps  # the descent gradient actually used (readable by callers)
         loss, self.last = self._step_summary(
-            losses,
+            sums["losses"],
             "s",
             s_list,
-            std=lambda all_s: torch.rsqrt(n * all_s),
-            loss_perturbed=float(torch.stack(losses_eps).mean()),
-            grad_norm=gnorm / m,
-            eps_norm=math.sqrt(eps_sq / m),
-            noise_norm=math.sqrt(noise_sq / m),
+            std=lambda all_s: torch.rsqrt(self.num_data * all_s),
+            loss_perturbed=torch.stack(sums["losses_eps"]).mean(),
+            grad_norm=sums["gnorm"] / m,
+            eps_norm=(sums["eps_sq"] / m).sqrt(),
+            noise_norm=(sums["noise_sq"] / m).sqrt(),
         )
         if mode:
             self.last["m_sharpness"] = self.config["m_sharpness"] = mode

@@ -190,14 +190,14 @@ class IVON(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
             saved = [p.detach().clone() for p in params]
             zs = []
             try:
-                sq = 0.0
+                sq = params[0].new_zeros(()) if params else torch.zeros(())
                 for p, std in zip(params, stds):
                     z = torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device)
                     zs.append(z)
                     e = std * z
-                    sq += float(e.square().sum())
+                    sq = sq + e.square().sum()
                     p.add_(e)
-                noise_norm += math.sqrt(sq)
+                noise_norm = noise_norm + sq.sqrt()  # 0-d tensor: no host read per step
                 for p in params:
                     p.grad = None
                 with torch.enable_grad():
@@ -214,7 +214,7 @@ class IVON(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
                 g_acc[j] = g if g_acc[j] is None else g_acc[j] + g
                 h_acc[j] = hh if h_acc[j] is None else h_acc[j] + hh
         K = self.mc_samples
-        g_sq = 0.0
+        g_sq = params[0].new_zeros(()) if params else torch.zeros(())
         for j, ((group, p), h) in enumerate(zip(pairs, h_list)):
             if g_acc[j] is None:
                 continue
@@ -222,7 +222,7 @@ class IVON(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
             beta1, beta2 = group["betas"]
             wd = group["weight_decay"]
             ghat, hhat = g_acc[j] / K, h_acc[j] / K
-            g_sq += float(ghat.square().sum())
+            g_sq = g_sq + ghat.square().sum()
             st["step"] += 1
             st["momentum"].mul_(beta1).add_(ghat, alpha=1.0 - beta1)
             correction = (h - hhat).square().div_(h + wd).mul_(0.5 * (1.0 - beta2) ** 2)
@@ -235,7 +235,7 @@ class IVON(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
             p.sub_(alpha * direction)
             p.grad = ghat
         loss, self.last = self._step_summary(
-            losses, "hess", h_list, grad_norm=math.sqrt(g_sq), noise_norm=noise_norm / K
+            losses, "hess", h_list, grad_norm=g_sq.sqrt(), noise_norm=noise_norm / K
         )
         return loss
 

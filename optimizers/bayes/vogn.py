@@ -7,7 +7,6 @@ differs from the paper and the authors' code are in ``docs/methods/optimizers.md
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -378,15 +377,15 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
         for _ in range(self.mc_samples):
             saved = [p.detach().clone() for p in params]
             try:
-                sq = 0.0
+                sq = params[0].new_zeros(()) if params else torch.zeros(())
                 for p, std, ex in zip(params, stds, exempt):
                     e = torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device)
                     if ex:  # drawn all the same: the other parameters' noise does not depend on it
                         continue
                     e.mul_(std)
-                    sq += float(e.square().sum())
+                    sq = sq + e.square().sum()
                     p.add_(e)
-                noise_norm += math.sqrt(sq)
+                noise_norm = noise_norm + sq.sqrt()  # 0-d tensor: no host read per step
                 losses = self._losses(closure)
                 if not self._bn_graph_checked:
                     self._check_batchnorm(losses)
@@ -406,7 +405,7 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
                 h_acc[j] = h_sum[j] / B if h_acc[j] is None else h_acc[j] + h_sum[j] / B
             del losses
         K = self.mc_samples
-        g_sq = 0.0
+        g_sq = params[0].new_zeros(()) if params else torch.zeros(())
         for j, ((group, p), s) in enumerate(zip(pairs, s_list)):
             if g_acc[j] is None:
                 continue
@@ -414,14 +413,14 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
             beta1, beta2 = group["betas"]
             delta = self._delta(group, p)
             g, h = g_acc[j] / K, h_acc[j] / K
-            g_sq += float(g.square().sum())
+            g_sq = g_sq + g.square().sum()
             st["momentum"].mul_(beta1).add_(g + delta * p)
             s.mul_(1.0 - beta2).add_(h, alpha=beta2)
             p.addcdiv_(st["momentum"], s + delta + group["damping"], value=-group["lr"])
             st["step"] += 1
             p.grad = g
         loss, self.last = self._step_summary(
-            losses_mean, "s", s_list, grad_norm=math.sqrt(g_sq), noise_norm=noise_norm / K
+            losses_mean, "s", s_list, grad_norm=g_sq.sqrt(), noise_norm=noise_norm / K
         )
         return loss
 

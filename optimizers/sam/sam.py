@@ -16,7 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
+from optimizers.perturbation import (
+    NORM_GUARD,
+    PerturbationOptimizer,
+    check_nonnegative,
+    chunk_norms,
+    global_norm,
+)
 
 __all__ = ["SAM", "ASAM"]
 
@@ -69,6 +75,14 @@ class SAM(PerturbationOptimizer):
         scale = 1.0 / (gnorm + NORM_GUARD)
         eps = [g * (group["rho"] * scale) for (group, _), g in zip(pairs, grads)]
         return eps, {"grad_norm": gnorm, "eps_norm": global_norm(eps)}
+
+    def _perturbation_batched(self, pairs, grads):
+        gnorm = chunk_norms(grads)
+        scale = 1.0 / (gnorm + NORM_GUARD)
+        eps = [
+            g * (group["rho"] * scale).view(-1, *([1] * (g.dim() - 1))) for (group, _), g in zip(pairs, grads)
+        ]
+        return eps, {"grad_norm": gnorm, "eps_norm": chunk_norms(eps)}
 
 
 class ASAM(PerturbationOptimizer):
