@@ -67,6 +67,9 @@ REFERENCE = {
     "ef": "landscape empirical_fisher",
     "mc": "landscape fisher (MC, 1 sample)",
 }
+# library of a method row -> the module it imports; a row whose module is missing is skipped with a note
+PEER_MODULES = {"pyhessian": "pyhessian", "curvlinops": "curvlinops", "eigenthings": "hessian_eigenthings"}
+INSTALL_HINT = "bash benchmarks/install_peers.sh"
 
 
 # ------------------------------------------------------------------------------------ our methods
@@ -198,9 +201,9 @@ def _memory(args, name: str, method: str) -> dict[str, Any]:
 
 def _measure_memory(args, name: str, rows: dict[str, dict], pr, v, obj, inprocess: bool) -> None:
     """Peak memory of every row's method, ``--memory-repeats`` rounds interleaved, median kept."""
-    todo = [m for m in rows if "compiled" not in m]
+    todo = [m for m in rows if "compiled" not in m and "skipped" not in rows[m]]
     for m in rows:
-        if m not in todo:
+        if "compiled" in m:
             rows[m]["mem_note"] = "not measured (compile in a child process)"
     runs: dict[str, list[dict]] = {m: [] for m in todo}
     for rep in range(1 if inprocess else args.memory_repeats):
@@ -250,6 +253,12 @@ def bench_model(args, name: str) -> tuple[list[dict], dict]:
     for m in _selected(args):
         kind, lib, build = METHODS[m]
         row = {"model": name, "params": p, "product": kind, "method": m, "library": lib}
+        module = PEER_MODULES.get(lib)
+        if module is not None and not _installed(module):
+            row["skipped"] = f"peer package {module!r} not installed ({INSTALL_HINT})"
+            rows[m] = row
+            print(f"  skipped {m:38s} {row['skipped']}", flush=True)
+            continue
         t0 = time.perf_counter()
         try:
             product, info = build(pr, v, obj)
@@ -298,10 +307,9 @@ def bench_model(args, name: str) -> tuple[list[dict], dict]:
         _measure_memory(args, name, rows, pr, v, obj, inprocess)
     _ratios(list(rows.values()))
     spectra, reference = ([], {})
-    peer_modules = ("hessian_eigenthings", "curvlinops", "pyhessian")
-    missing = [m for m in peer_modules if not _installed(m)]
+    missing = [m for m in PEER_MODULES.values() if not _installed(m)]
     if args.spectra and missing:
-        print(f"  spectra skipped: peer package(s) {missing} not installed (benchmarks/install_peers.sh)")
+        print(f"  spectra skipped: peer package(s) {missing} not installed ({INSTALL_HINT})")
         reference = {"skipped": f"missing peers: {', '.join(missing)}"}
     elif args.spectra:
         budgets = {"eig1": args.eig1, "eig5": args.eig5, "trace": args.trace_budget}
@@ -414,6 +422,7 @@ def _markdown(rows: list[dict]) -> str:
         "mem_x_best_peer",
         "compile_s",
         "error",
+        "skipped",
     ]
     if any("peak_cuda_mb" in r for r in rows):
         cols[8:8] = ["peak_cuda_mb", "cuda_mem_x_best_peer"]

@@ -4,8 +4,11 @@
 # dependencies. Usage: source .venv/bin/activate && bash benchmarks/install_peers.sh
 set -euo pipefail
 python -c "import torch" 2>/dev/null || { echo "error: install torch first (pip install torch==2.13.0)" >&2; exit 1; }
+# torchmetrics: the reference of the ECE cross-checks (tests/test_metrics_calibration.py).
 pip install -q --no-deps \
   "curvlinops-for-pytorch==3.0.1" "backpack-for-pytorch==1.7.1" "einconv==0.1.0" "unfoldNd==0.2.3" \
-  "linear_operator==0.6.1" "hessian-eigenthings==1.0.0a5" "PyHessian==0.1" "loss-landscapes==3.0.6"
-pip install -q "einops>=0.8" "opt_einsum>=3.3" "jaxtyping>=0.2" packaging scipy tqdm
-python -c "import curvlinops, hessian_eigenthings, pyhessian; print('benchmark peers installed')"
+  "linear_operator==0.6.1" "hessian-eigenthings==1.0.0a5" "PyHessian==0.1" "loss-landscapes==3.0.6" \
+  "torchmetrics==1.9.0"
+pip install -q "einops>=0.8" "opt_einsum>=3.3" "jaxtyping>=0.2" "lightning-utilities>=0.8" \
+  typing_extensions packaging scipy tqdm
+python -c "import curvlinops, hessian_eigenthings, pyhessian, torchmetrics; print('benchmark peers installed')"
