@@ -4,12 +4,18 @@ Every optimizer is stepped the same way::
 
     loss = opt.step(closure)   # closure: zero_grad, forward, backward, return loss
 
+or, for the SAM family and bSAM in loops that run the passes themselves, in halves
+(``opt.first_step()`` / ``opt.second_step()``, :mod:`optimizers.split_step`); mixed precision
+through :class:`optimizers.amp.LossScaler`.
+
 * :mod:`optimizers.sam`: SAM, ASAM, Fisher-SAM, Random/Mix-SAM, Variational SAM;
 * :mod:`optimizers.bayes`: MFVI, Bayesian-SAM, G-TRACER, SWAG/F-SWAG, F-SGLD;
 * :mod:`optimizers.perturbation`: the perturb -> closure -> restore -> base-step machinery;
+* :mod:`optimizers.amp`: the dynamic loss scaler for two-pass optimizers;
 * :mod:`optimizers.posterior`: the diagonal-Gaussian posterior API and Bayesian model averaging.
 """
 
+from optimizers.amp import LossScaler, SkipStep
 from optimizers.bayes import MFVI, SWAG, AdamTracer, BayesianSAM, FlatSGLD, SGDTracer, f_swag
 from optimizers.bayes.ensembles import DeepEnsemble, train_ensemble
 from optimizers.bayes.flat_sgvb import FlatSGVB
@@ -42,4 +48,4 @@ __all__ = [
     "make_closure",
 ]
 __all__ += ["DeepEnsemble", "FlatSGVB", "convert_to_bayesian", "mc_dropout_predict", "train_ensemble"]
-__all__ += ["IVON", "VOGN", "DiagLaplace", "LastLayerLaplace"]
+__all__ += ["IVON", "VOGN", "DiagLaplace", "LastLayerLaplace", "LossScaler", "SkipStep"]

@@ -71,14 +71,12 @@ covers ``momentum=None`` (cumulative averages, where ``num_batches_tracked`` dri
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from landscape.checks import check_nonnegative
 from optimizers.batched_chunks import (
@@ -88,6 +86,8 @@ from optimizers.batched_chunks import (
     chunk_norms,
     perturbation_chunks,
 )
+from optimizers.bn_state import bn_restore, bn_snapshot, bn_update_disabled
+from optimizers.split_step import SplitStep
 from optimizers.state import check_state_dict, tag_state_dict
 
 __all__ = [
@@ -105,8 +105,6 @@ __all__ = [
 
 NORM_GUARD = 1e-12  # added to ||g|| before dividing (official SAM code: 1e-12)
 
-_BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
-
 
 # --------------------------------------------------------------------------------------------
 # small helpers
@@ -122,52 +120,6 @@ def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 def params_with_grad(param_groups: Iterable[dict[str, Any]]) -> list[tuple[dict[str, Any], torch.Tensor]]:
     """``(group, param)`` for every parameter whose ``.grad`` is not ``None`` (others are skipped)."""
     return [(g, p) for g in param_groups for p in g["params"] if p.grad is not None]
-
-
-def bn_snapshot(model: nn.Module | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Clones of the running statistics of every BatchNorm layer in ``model`` (empty if none)."""
-    if model is None:
-        return []
-    snap: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for mod in model.modules():
-        if isinstance(mod, _BatchNorm):
-            for name in _BN_BUFFERS:
-                buf = getattr(mod, name, None)
-                if isinstance(buf, torch.Tensor):
-                    snap.append((buf, buf.detach().clone()))
-    return snap
-
-
-def bn_restore(snapshot: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Write a :func:`bn_snapshot` back in place (bit exact)."""
-    with torch.no_grad():
-        for buf, saved in snapshot:
-            buf.copy_(saved)
-
-
-@contextlib.contextmanager
-def bn_update_disabled(model: nn.Module) -> Iterator[None]:
-    """Forward passes inside this block leave BatchNorm running statistics unchanged.
-
-    The statistics are snapshotted on entry and restored bit-exactly on exit (also on error).  Use
-    it in a closure for the pass at the perturbed point when the optimizer was built without
-    ``model=``; keep ``backward()`` inside the block (autograd saved the BN buffers for the
-    backward pass and checks that they were not modified in place before it ran)::
-
-        def closure():
-            opt.zero_grad()
-            with bn_update_disabled(model) if opt.perturbed else contextlib.nullcontext():
-                loss = loss_fn(model(x), y)
-                loss.backward()
-            return loss
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"bn_update_disabled expects an nn.Module, got {type(model).__name__}")
-    snap = bn_snapshot(model)
-    try:
-        yield
-    finally:
-        bn_restore(snap)
 
 
 def make_closure(
@@ -194,7 +146,7 @@ def make_closure(
 # --------------------------------------------------------------------------------------------
 # the base class
 # --------------------------------------------------------------------------------------------
-class PerturbationOptimizer(torch.optim.Optimizer):
+class PerturbationOptimizer(SplitStep, torch.optim.Optimizer):
     """Base class of the perturb-then-descend optimizers (see the module docstring).
 
     Subclasses implement :meth:`_perturbation` (``eps`` from the gradient at ``w``) and optionally
@@ -365,7 +317,8 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         if closure is None or not callable(closure):
             raise TypeError(
                 f"{type(self).__name__}.step requires a closure (zero_grad, forward, backward; closure "
-                "must return the loss): opt.step(closure)"
+                "must return the loss): opt.step(closure); or run the two passes yourself around "
+                "opt.first_step() and opt.second_step() (optimizers.split_step)"
             )
         if self.m > 1:
             try:
@@ -382,11 +335,16 @@ class PerturbationOptimizer(torch.optim.Optimizer):
         return [(g, p) for g in self.param_groups for p in g["params"] if p.requires_grad]
 
     @torch.no_grad()
-    def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor:  # type: ignore[override]
+    def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor | None:  # type: ignore[override]
         """One optimizer step; returns the loss at ``w`` (mean over chunks for ``m > 1``).
+
+        Without a closure after :meth:`first_step`: :meth:`second_step` (returns ``None``).
 
         Single-pass methods (``passes == 1``) return the loss at the perturbed point instead.
         """
+        if closure is None and self._split is not None:  # a step begun with first_step()
+            self.second_step()
+            return None
         self._check_closure(closure)
         assert closure is not None
         self._begin_step()
@@ -477,3 +435,6 @@ def _summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = vals[-1]
     out["per_chunk"] = records
     return out
+
+
+PerturbationOptimizer._two_halves_of = PerturbationOptimizer.step

@@ -15,6 +15,7 @@ from torch import nn
 
 from landscape.checks import check_range
 from optimizers.batched_chunks import NotVectorisable, batched_reason, bsam_chunks
+from optimizers.bayes.bsam_split import BSAMSplitStep
 from optimizers.perturbation import bn_restore, bn_snapshot
 from optimizers.posterior import (
     DiagonalGaussianPosterior,
@@ -29,11 +30,6 @@ from optimizers.state import GeneratorStateMixin
 __all__ = ["BayesianSAM"]
 
 
-def _sum_sq(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """``sum_i ||t_i||^2`` as a 0-d tensor (one ``foreach`` norm, no host read)."""
-    return torch.stack(torch._foreach_norm(tensors)).square().sum()
-
-
 def _check_betas(name: str, betas: Any) -> None:
     if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
         raise ValueError(f"{name} must be two numbers in [0, 1), got {betas!r}")
@@ -41,7 +37,7 @@ def _check_betas(name: str, betas: Any) -> None:
         check_range(f"{name}[{j}]", b, 0.0, 1.0, high_open=True)
 
 
-class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer):
+class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer):
     r"""bSAM: SAM with a learned diagonal-Gaussian posterior ``N(w, diag(1 / (N s)))``.
 
     State per parameter: mean ``w`` (the parameter), momentum ``g_m = 0``, precision ``s = s_init``.
@@ -221,21 +217,14 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
         losses, losses_eps = [], []
         zero = params[0].new_zeros(()) if params else torch.zeros(())
         eps_sq = noise_sq = gnorm = zero
-        if params and self.noise:
-            noise_std = torch._foreach_rsqrt(torch._foreach_mul(s_list, float(self.num_data)))
+        noise_std = self._noise_std(s_list) if params and self.noise else []
         sqrt_s = torch._foreach_sqrt(s_list) if params else []
         for k in chunks:
             saved = [p.detach().clone() for p in params]
             # pass 1: gradient at the noisy point w + e_k (at w without noise)
             try:
                 if params and self.noise:
-                    e = [
-                        torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device)
-                        for p in params
-                    ]
-                    torch._foreach_mul_(e, noise_std)
-                    noise_sq = noise_sq + _sum_sq(e)
-                    torch._foreach_add_(params, e)
+                    noise_sq = noise_sq + self._add_noise(params, noise_std)
                 losses.append(self._call(closure, k))
             finally:
                 if params:
@@ -246,11 +235,8 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
             snap = bn_snapshot(self.model)
             try:
                 if idx:
-                    eps = torch._foreach_mul(grads, [pairs[i][0]["rho"] for i in idx])
-                    torch._foreach_div_(eps, [s_list[i] for i in idx])
-                    eps_sq = eps_sq + _sum_sq(eps)
-                    gnorm = gnorm + _sum_sq(grads).sqrt()
-                    torch._foreach_add_([params[i] for i in idx], eps)
+                    e2, g_norm = self._ascend(pairs, s_list, idx, grads)
+                    eps_sq, gnorm = eps_sq + e2, gnorm + g_norm
                 losses_eps.append(self._call(closure, k))
             finally:
                 if params:
@@ -259,10 +245,8 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
             for i, p in enumerate(params):
                 if p.grad is not None:
                     g_eps_sum[i] = p.grad if g_eps_sum[i] is None else g_eps_sum[i].add_(p.grad)
-            if idx:
-                h = torch._foreach_mul([sqrt_s[i] for i in idx], torch._foreach_abs(grads))
-                for i, hi in zip(idx, h):
-                    h_sum[i] = hi if h_sum[i] is None else h_sum[i].add_(hi)
+            for i, hi in zip(idx, self._curvature(sqrt_s, idx, grads)):
+                h_sum[i] = hi if h_sum[i] is None else h_sum[i].add_(hi)
         return dict(
             g_eps_sum=g_eps_sum,
             h_sum=h_sum,
@@ -311,14 +295,37 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
                 self.state[p]["step"] += 1
                 p.grad = g  # the descent gradient actually used (readable by callers)
 
+    def _finish(self, pairs: list, s_list: list[torch.Tensor], sums: dict[str, Any]) -> torch.Tensor:
+        """The update from the sums of the passes, and ``self.last``; returns the mean loss at ``w``."""
+        self._update(pairs, s_list, sums["g_eps_sum"], sums["h_sum"])
+        m = self.m
+        loss, self.last = self._step_summary(
+            sums["losses"],
+            "s",
+            s_list,
+            std=lambda all_s: torch.rsqrt(self.num_data * all_s),
+            loss_perturbed=torch.stack(sums["losses_eps"]).mean(),
+            grad_norm=sums["gnorm"] / m,
+            eps_norm=(sums["eps_sq"] / m).sqrt(),
+            noise_norm=(sums["noise_sq"] / m).sqrt(),
+        )
+        return loss
+
     # ----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor:  # type: ignore[override]
-        """One bSAM step: ``2 m`` closure calls.  Returns the mean first-pass loss."""
+    def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor | None:  # type: ignore[override]
+        """One bSAM step: ``2 m`` closure calls.  Returns the mean first-pass loss.
+
+        Without a closure after :meth:`first_step`: :meth:`second_step` (returns ``None``).
+        """
+        if closure is None and self._split is not None:  # a step begun with first_step()
+            self.second_step()
+            return None
         if closure is None or not callable(closure):
             raise ValueError(
                 "BayesianSAM.step needs a closure that zeroes grads, runs forward and backward and returns "
-                "the loss (with m > 1: closure(chunk) computing the loss of sub-batch `chunk`)"
+                "the loss (with m > 1: closure(chunk) computing the loss of sub-batch `chunk`); or run "
+                "the two passes yourself around noise_step(), first_step() and second_step()"
             )
         if self.m > 1:
             try:
@@ -344,18 +351,7 @@ class BayesianSAM(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Op
                 mode = f"sequential: {exc}"
         if sums is None:
             sums = self._sequential(closure, pairs, s_list)
-        self._update(pairs, s_list, sums["g_eps_sum"], sums["h_sum"])
-        m = self.m
-        loss, self.last = self._step_summary(
-            sums["losses"],
-            "s",
-            s_list,
-            std=lambda all_s: torch.rsqrt(self.num_data * all_s),
-            loss_perturbed=torch.stack(sums["losses_eps"]).mean(),
-            grad_norm=sums["gnorm"] / m,
-            eps_norm=(sums["eps_sq"] / m).sqrt(),
-            noise_norm=(sums["noise_sq"] / m).sqrt(),
-        )
+        loss = self._finish(pairs, s_list, sums)
         if mode:
             self.last["m_sharpness"] = self.config["m_sharpness"] = mode
         return loss
