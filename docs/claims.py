@@ -1,0 +1,271 @@
+"""The claims registry: every result the README and ``docs/`` quote, from the file a script wrote.
+
+A claim (:class:`Claim`, listed in ``docs/claim_list.py``) names the JSON a command wrote, how its
+values are read from it, the sentence that quotes them (a template), the files that quote it, the
+command that regenerates the JSON, the files whose content defines the result (hashed), a tolerance
+for re-runs and whether a re-run is cheap (default test suite) or expensive (``-m slow``).
+``docs/claims.json`` is the machine-readable registry this script writes::
+
+    python docs/claims.py update             # re-run the claims whose inputs changed, re-read all
+    python docs/claims.py update --no-rerun  # only re-read the committed JSON files
+    python docs/claims.py check              # quotes vs sources vs registry (what the tests check)
+    python docs/claims.py rerun [--expensive] [--only ID]   # re-run into a temp dir, compare
+
+``tests/test_claims.py`` checks that every quote, filled from the current JSON, appears in its files
+(a number edited by hand fails), that the registry matches the sources and the hashes of the inputs
+(code changed without regenerating fails), and re-runs the cheap claims (the expensive ones under
+``-m slow``) within their tolerance. Measured timings (benchmarks) are ``rerun=None``: their quote
+is checked against their JSON, not re-measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+REGISTRY = ROOT / "docs" / "claims.json"
+
+Extract = Callable[[Any], float] | str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One quoted result (see the module docstring).
+
+    ``values``: name -> a dotted path into the JSON (``runs.SAM.end.0``) or a function of the
+    loaded JSON; ``quote``: the quoting text with ``{name:format}`` fields (whitespace is matched
+    loosely, negative numbers are written with the typographic minus ``−``); ``rerun``: the command
+    that writes ``source`` under ``{out}`` (``None``: a measurement, not re-run); ``tolerance``:
+    absolute difference allowed per value on a re-run.
+    """
+
+    id: str
+    source: str
+    values: dict[str, Extract]
+    quote: str
+    files: tuple[str, ...]
+    inputs: tuple[str, ...]
+    rerun: str | None = None
+    tolerance: float = 0.0
+    cost: str = "expensive"
+    notes: str = ""
+    minus: str = "−"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------- reading
+def lookup(data: Any, path: str) -> Any:
+    """``a.b.0.c`` into nested dicts/lists; a part ``key=value`` picks the list item with that field."""
+    node = data
+    for part in path.split("."):
+        if isinstance(node, list) and "=" in part:
+            key, want = part.split("=", 1)
+            node = next(item for item in node if str(item.get(key)) == want)
+        elif isinstance(node, list):
+            node = node[int(part)]
+        else:
+            node = node[part]
+    return node
+
+
+def read_values(claim: Claim, source: Path | None = None) -> dict[str, float]:
+    data = json.loads((source or ROOT / claim.source).read_text())
+    out = {}
+    for name, how in claim.values.items():
+        value = lookup(data, how) if isinstance(how, str) else how(data)
+        out[name] = float(value)
+    return out
+
+
+def fill(claim: Claim, values: dict[str, float]) -> str:
+    """The quote with its values formatted (typographic minus for negative numbers)."""
+
+    def field_value(match: re.Match) -> str:
+        name, spec = match.group(1), match.group(2) or ""
+        text = format(values[name], spec)
+        return text.replace("-", claim.minus) if text.startswith("-") else text
+
+    return re.sub(r"\{(\w+)(?::([^}]*))?\}", field_value, claim.quote)
+
+
+def normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def file_hash(path: str) -> str:
+    return hashlib.sha256((ROOT / path).read_bytes()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------- checks
+def quote_problems(claim: Claim, values: dict[str, float]) -> list[str]:
+    """Files that do not contain the claim's filled quote."""
+    want = normalise(fill(claim, values))
+    return [f for f in claim.files if want not in normalise((ROOT / f).read_text())]
+
+
+def entry(claim: Claim, values: dict[str, float]) -> dict[str, Any]:
+    """The claim's registry record (without the provenance fields of :func:`provenance`)."""
+    return {
+        "id": claim.id,
+        "values": values,
+        "quote": fill(claim, values),
+        "files": list(claim.files),
+        "source": claim.source,
+        "command": claim.rerun.format(out=str(Path(claim.source).parent)) if claim.rerun else None,
+        "kind": "measurement" if claim.rerun is None else "re-runnable",
+        "tolerance": claim.tolerance,
+        "cost": claim.cost,
+        "inputs": {path: file_hash(path) for path in claim.inputs},
+        "environment": source_environment(claim),
+        "notes": claim.notes,
+    }
+
+
+def source_environment(claim: Claim) -> Any:
+    """The machine / environment record of the claim's JSON, where the script wrote one."""
+    data = json.loads((ROOT / claim.source).read_text())
+    if isinstance(data, dict):
+        for key in ("machine", "environment", "env"):
+            if key in data:
+                return data[key]
+    return None
+
+
+def provenance() -> dict[str, Any]:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    import torch
+
+    return {
+        "commit_before_update": commit,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def registry_problems(claims: list[Claim]) -> list[str]:
+    """Differences between the committed registry and the sources / inputs / claim list."""
+    if not REGISTRY.exists():
+        return [f"{REGISTRY.relative_to(ROOT)} is missing: run python docs/claims.py update"]
+    committed = {e["id"]: e for e in json.loads(REGISTRY.read_text())["claims"]}
+    problems = []
+    for claim in claims:
+        now = entry(claim, read_values(claim))
+        old = committed.pop(claim.id, None)
+        if old is None:
+            problems.append(f"{claim.id}: not in the registry (python docs/claims.py update)")
+            continue
+        changed = [p for p, h in now["inputs"].items() if old["inputs"].get(p) != h]
+        if changed:
+            problems.append(
+                f"{claim.id}: its inputs changed ({', '.join(changed)}) since it was generated: "
+                "re-run it (python docs/claims.py update) and commit the new numbers"
+            )
+        for key in ("values", "quote", "files", "source", "command", "tolerance", "cost", "environment"):
+            if now[key] != old[key]:
+                problems.append(f"{claim.id}: {key} differs from the registry (python docs/claims.py update)")
+    problems += [f"{cid}: in the registry but no longer a claim" for cid in committed]
+    return problems
+
+
+def rerun(claim: Claim, out_dir: Path) -> dict[str, float]:
+    """Run the claim's command writing into ``out_dir``; the values it produced."""
+    assert claim.rerun is not None
+    for step in claim.rerun.format(out=str(out_dir)).split(" && "):
+        cmd = [sys.executable if a == "python" else a for a in shlex.split(step)]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{claim.id}: {step!r} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return read_values(claim, out_dir / Path(claim.source).name)
+
+
+def rerun_problems(claim: Claim, values: dict[str, float], fresh: dict[str, float]) -> list[str]:
+    bad = []
+    for name, old in values.items():
+        new = fresh[name]
+        if not (math.isclose(new, old, rel_tol=0.0, abs_tol=claim.tolerance) or (new != new and old != old)):
+            bad.append(
+                f"{claim.id}.{name}: re-run gave {new!r}, committed {old!r} (tolerance {claim.tolerance})"
+            )
+    return bad
+
+
+# ---------------------------------------------------------------------------------- command line
+def _claims() -> list[Claim]:
+    sys.path.insert(0, str(ROOT / "docs"))
+    from claim_list import CLAIMS
+
+    return CLAIMS
+
+
+def update(claims: list[Claim], do_rerun: bool) -> Path:
+    old = {}
+    if REGISTRY.exists():
+        old = {e["id"]: e for e in json.loads(REGISTRY.read_text())["claims"]}
+    for claim in claims:
+        prev = old.get(claim.id)
+        stale = prev is None or any(prev["inputs"].get(p) != file_hash(p) for p in claim.inputs)
+        if do_rerun and stale and claim.rerun:
+            print(f"re-running {claim.id}: {claim.rerun.format(out=Path(claim.source).parent)}", flush=True)
+            rerun(claim, ROOT / Path(claim.source).parent)
+    payload = {"provenance": provenance(), "claims": [entry(c, read_values(c)) for c in claims]}
+    tmp = REGISTRY.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    tmp.replace(REGISTRY)
+    return REGISTRY
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python docs/claims.py", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("update")
+    up.add_argument("--no-rerun", action="store_true")
+    sub.add_parser("check")
+    rr = sub.add_parser("rerun")
+    rr.add_argument("--expensive", action="store_true")
+    rr.add_argument("--only", default=None)
+    args = ap.parse_args(argv)
+    claims = _claims()
+    if args.cmd == "update":
+        print(f"wrote {update(claims, not args.no_rerun)}")
+        return 0
+    if args.cmd == "check":
+        problems = [
+            f"{c.id}: quote not found in {f}" for c in claims for f in quote_problems(c, read_values(c))
+        ]
+        problems += registry_problems(claims)
+        print("\n".join(problems) or f"{len(claims)} claims: all quotes match their sources")
+        return 1 if problems else 0
+    problems = []
+    for claim in claims:
+        if claim.rerun is None or (args.only and claim.id != args.only):
+            continue
+        if claim.cost == "expensive" and not args.expensive and not args.only:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            problems += rerun_problems(claim, read_values(claim), rerun(claim, Path(tmp)))
+        print(f"{claim.id}: re-run done", flush=True)
+    print("\n".join(problems) or "all re-run claims within tolerance")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

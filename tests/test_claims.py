@@ -1,0 +1,69 @@
+"""The claims registry (``docs/claims.py``, ``docs/claim_list.py``, ``docs/claims.json``): every quoted
+result equals its JSON, the registry is current (values, sources, input hashes), a hand-edited
+number fails, and the claims re-run within their tolerance (cheap ones here, expensive ones slow)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs"))
+
+import claims as reg  # noqa: E402
+from claim_list import CLAIMS  # noqa: E402
+
+
+def test_every_quote_equals_its_source():
+    missing = [(c.id, f) for c in CLAIMS for f in reg.quote_problems(c, reg.read_values(c))]
+    assert not missing, f"quotes that differ from their JSON (regenerate, do not hand-edit): {missing}"
+
+
+def test_registry_is_current():
+    assert not reg.registry_problems(CLAIMS)
+    payload = json.loads(reg.REGISTRY.read_text())
+    for e in payload["claims"]:
+        assert e["command"] or e["kind"] == "measurement"
+        assert e["inputs"] and all(len(h) == 16 for h in e["inputs"].values())
+    assert {"commit_before_update", "python", "torch"} <= set(payload["provenance"])
+
+
+def test_a_hand_edited_number_or_changed_code_fails(tmp_path, monkeypatch):
+    claim = next(c for c in CLAIMS if c.id == "fsam_fig1.minima")
+    for rel in {*claim.files, *claim.inputs, claim.source, "docs/claims.json"}:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    monkeypatch.setattr(reg, "ROOT", tmp_path)
+    monkeypatch.setattr(reg, "REGISTRY", tmp_path / "docs" / "claims.json")
+    values = reg.read_values(claim)
+    assert reg.quote_problems(claim, values) == []
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text().replace("(19.81, 29.94)", "(19.82, 29.94)"))
+    assert reg.quote_problems(claim, values) == ["README.md"]
+    code = tmp_path / claim.inputs[0]
+    code.write_text(code.read_text() + "\n# changed\n")
+    assert any("inputs changed" in p for p in reg.registry_problems([claim]))
+
+
+def _rerun(claim) -> list[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = reg.rerun(claim, Path(tmp))
+    return reg.rerun_problems(claim, reg.read_values(claim), fresh)
+
+
+@pytest.mark.parametrize("claim", [c for c in CLAIMS if c.rerun and c.cost == "cheap"], ids=lambda c: c.id)
+def test_cheap_claims_reproduce(claim):
+    assert not _rerun(claim)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "claim", [c for c in CLAIMS if c.rerun and c.cost == "expensive"], ids=lambda c: c.id
+)
+def test_expensive_claims_reproduce(claim):
+    assert not _rerun(claim)
