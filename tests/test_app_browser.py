@@ -43,6 +43,7 @@ STATES: dict[str, tuple[str, str]] = {
     "bayes": ("Bayesian_view", ""),
     "network": ("Network_landscape", "epochs=2"),
     "network_all_optimizers": ("Network_landscape", "optimizers=all&epochs=2"),
+    "network_all_analyses": ("Network_landscape", "epochs=2&analyses=surface,spectrum,sharpness"),
     "experiments": ("Experiments", ""),
     "monitor": ("Curvature_monitor", ""),
     "monitor_edge_of_stability": ("Curvature_monitor", "preset=edge_of_stability"),
@@ -63,17 +64,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: the README's two digits experiments (the clean config and 40 % label noise), in one runs/
+EXPERIMENTS = {"digits_label_noise_40": ["data.label_noise=0.4"], "digits_sam_vs_sgd": []}
+
+
 @pytest.fixture(scope="module")
 def runs_dir(tmp_path_factory) -> Path:
-    """A tiny experiments grid for the Experiments page: 3 methods x 1 seed; budget 0.05 makes it
-    3 epochs on 5 % of the data."""
+    """The README's two experiments, shortened, in one directory: 3 methods x 2 seeds each; budget
+    0.05 makes it 3 epochs on 5 % of the data."""
     if not (Path(CHROMIUM).exists() and Path(DRIVER).exists()):
         pytest.skip("headless Chromium not installed (apt-get install chromium chromium-driver)")
     from experiments.cli import main
 
     out = tmp_path_factory.mktemp("runs")
-    overrides = ["train.epochs=60", "seeds=[0]", "budget=0.05", "evaluation.sharpness=[]", f"out_dir={out}"]
-    assert main(["run", str(ROOT / "configs" / "digits_sam_vs_sgd.toml"), *overrides, "--no-progress"]) == 0
+    overrides = ["train.epochs=60", "seeds=[0,1]", "budget=0.05", "evaluation.sharpness=[]", f"out_dir={out}"]
+    config = str(ROOT / "configs" / "digits_sam_vs_sgd.toml")
+    for name, extra in EXPERIMENTS.items():
+        assert main(["run", config, f"name={name}", *extra, *overrides, "--no-progress"]) == 0
     return out
 
 
@@ -231,3 +238,77 @@ def test_invalid_url_warns_and_shows_the_default(server, browser):
     shown = urllib.parse.parse_qs(urllib.parse.urlparse(browser.current_url).query)
     assert shown["problem"] == ["gaussian_mixture"] and shown["optimizers"] == ["GD"]
     assert browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")
+
+
+def _page_text(driver) -> str:
+    """The text of streamlit's main area, hidden parts (collapsed expanders) included."""
+    return driver.execute_script(
+        "const m = document.querySelector('[data-testid=\"stMain\"]') || document.body;return m.textContent;"
+    )
+
+
+def _chips(driver) -> list[str]:
+    """The text of every multiselect chip on the page (hidden ones included)."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll("
+        "'[data-testid=\"stMultiSelectTagsContainer\"] [data-tag]')).map(e => e.getAttribute('aria-label'));"
+    )
+
+
+def _open_expanders(driver) -> None:
+    """Open every collapsed expander (so its widgets show in the screenshot)."""
+    from selenium.webdriver.common.by import By
+
+    for summary in driver.find_elements(
+        By.CSS_SELECTOR, '[data-testid="stExpander"] details:not([open]) > summary'
+    ):
+        summary.click()
+    time.sleep(1.0)
+
+
+def test_experiments_two_experiments_then_another_directory(server, browser, runs_dir, tmp_path):
+    """Issue 29: after the README's two digits runs the page shows one table per experiment (no
+    "same seed twice" box) and curves per (experiment, method); typing another directory replaces
+    every chip and table (none of the previous directory's stays on screen)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    out = Path(os.environ.get("SCREENSHOT_DIR", ROOT / "out" / "screenshots"))
+    out.mkdir(parents=True, exist_ok=True)
+    _open(server, browser, "Experiments", "")
+    _open_expanders(browser)
+    _full_page_screenshot(browser, out / "experiments_two_experiments.png")
+    assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
+    assert not _alerts(browser, "Error") and not _alerts(browser, "Warning")
+    text = _page_text(browser)
+    heads = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "h3")]
+    assert "Experiment digits_label_noise_40" in heads and "Experiment digits_sam_vs_sgd" in heads
+    assert "twice" not in text and "same seed" not in text
+    assert "Differs from the other experiments shown in: data.label_noise=0.4" in text
+    assert "6 runs in 3 rows, 2 completed seed(s) per row" in text
+    assert len(browser.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]')) >= 3
+    assert "digits_label_noise_40 · sgd" in text and "digits_sam_vs_sgd · sgd" in text  # curve legend
+    chips = _chips(browser)
+    assert (
+        "digits_label_noise_40 (data.label_noise=0.4)" in chips and "digits_label_noise_40/sgd/seed1" in chips
+    )
+
+    other = tmp_path / "other"
+    shutil.copytree(runs_dir / "digits_sam_vs_sgd", other / "digits_sam_vs_sgd")
+    box = browser.find_element(By.CSS_SELECTOR, '[data-testid="stTextInput"] input')
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(Keys.DELETE)
+    box.send_keys(str(other), Keys.ENTER)
+    time.sleep(1.0)
+    _wait_until_idle(browser)
+    _open_expanders(browser)
+    _full_page_screenshot(browser, out / "experiments_another_directory.png")
+    assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
+    assert not _alerts(browser, "Error")
+    text = _page_text(browser)
+    heads = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "h3")]
+    assert "Experiment digits_sam_vs_sgd" in heads and "Experiment digits_label_noise_40" not in heads
+    chips = _chips(browser)
+    assert chips and not any("label_noise" in c for c in chips), chips
+    assert "digits_sam_vs_sgd/sgd/seed1" in chips and "digits_sam_vs_sgd/sgd/seed0" in chips
+    assert "digits_label_noise_40" not in text

@@ -224,10 +224,12 @@ def curves_figure(
     methods: dict[str, str],
     key: str,
     colors: dict[str, str] | None = None,
+    dashes: dict[str, str] | None = None,
 ) -> go.Figure:
     """``key`` against epoch, one line per run (``histories`` by run label), coloured by group
     (``methods``: run label -> group label of the table; ``colors``: group -> colour, default
-    :func:`group_colors`); one legend entry per group."""
+    :func:`group_colors`; ``dashes``: group -> line style, default solid); one legend entry per
+    group."""
     if colors is None:
         colors = group_colors(list(dict.fromkeys(methods.values())))
     fig = go.Figure()
@@ -245,7 +247,10 @@ def curves_figure(
                 name=method,
                 legendgroup=method,
                 showlegend=method not in shown,
-                line={"color": colors.get(method) or color_of(method)},
+                line={
+                    "color": colors.get(method) or color_of(method),
+                    "dash": (dashes or {}).get(method, "solid"),
+                },
                 hovertext=label,
                 meta={"run": label, "method": method},
             )

@@ -40,6 +40,9 @@ __all__ = [
     "loss_figure",
     "history_rows",
     "edge_summary",
+    "compare",
+    "relation",
+    "threshold_statement",
 ]
 
 #: loss name -> what the page calls it
@@ -220,10 +223,22 @@ def _train(
 
 def sharpness_figure(run: MonitorRun) -> go.Figure:
     """``lambda_max`` against step (:meth:`MonitorResult.to_plotly`) in the colour of gradient
-    descent, with the threshold ``2 / lr`` dashed."""
+    descent, with the threshold ``2 / lr`` dashed; checks whose Lanczos run did not converge are
+    circled."""
     fig = run.result.to_plotly()
     for tr in fig.data:
         tr.line.color = "#555555" if tr.line.dash == "dash" else color_of("GD")
+    bad = [h for h in run.result.history if h.get("lambda_max") is not None and not h.get("converged")]
+    if bad:
+        fig.add_trace(
+            go.Scatter(
+                x=[h["step"] for h in bad],
+                y=[h["lambda_max"] for h in bad],
+                mode="markers",
+                name="check not converged (not used)",
+                marker={"symbol": "circle-open", "size": 13, "color": "#d62728", "line": {"width": 2}},
+            )
+        )
     fig.update_layout(
         title=f"sharpness of full-batch GD, lr = {run.lr:g} (threshold 2/lr = {2 / run.lr:.4g})",
         legend=LEGEND_BELOW,
@@ -250,24 +265,133 @@ def loss_figure(run: MonitorRun) -> go.Figure:
     return fig
 
 
-def edge_summary(run: MonitorRun) -> str:
-    """One sentence: the last lambda_max as a multiple of 2/lr, and the first check at 95 % of it."""
-    checked = [h for h in run.result.history if h.get("lambda_max") is not None]
-    if not checked:
-        return "No check measured lambda_max."
-    threshold = 2.0 / run.lr
-    last = checked[-1]
-    ratio = last["lambda_max"] / threshold
-    reached = next((h["step"] for h in checked if h["lambda_max"] >= 0.95 * threshold), None)
-    where = (
-        f"λ_max first came within 5 % of 2/lr at step {reached}"
-        if reached is not None
-        else "λ_max never came within 5 % of 2/lr"
+#: |lambda_max / threshold - 1| at most this counts as "within" the threshold
+BAND = 0.05
+
+
+def compare(value: float, threshold: float, band: float = BAND) -> tuple[str, float]:
+    """``("above" | "within" | "below", percent)``: where ``value`` lies against ``threshold``,
+    ``percent = 100 (value / threshold - 1)``; "within" when ``|percent| <= 100 band``."""
+    pct = 100.0 * (value / threshold - 1.0)
+    if abs(pct) <= 100.0 * band:
+        return "within", pct
+    return ("above" if pct > 0 else "below"), pct
+
+
+def relation(value: float, threshold: float, band: float = BAND) -> str:
+    """``"above by 6.3 %"``, ``"below by 45.5 %"`` or ``"within 5 % (above by 2.0 %)"``."""
+    kind, _ = compare(value, threshold, band)
+    side = _side(value, threshold)
+    return f"within {100 * band:g} % ({side})" if kind == "within" else side
+
+
+def _side(value: float, threshold: float) -> str:
+    pct = 100.0 * (value / threshold - 1.0)
+    return f"{'above' if pct > 0 else 'below'} by {abs(pct):.1f} %"
+
+
+def _usable(row: dict[str, Any]) -> bool:
+    lam, thr = row.get("lambda_max"), row.get("threshold")
+    numbers = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (lam, thr))
+    return numbers and thr > 0 and bool(row.get("converged"))
+
+
+def threshold_statement(rows: list[dict[str, Any]], band: float = BAND, name: str = "2/lr") -> str:
+    """What the checks of :func:`history_rows` say about lambda_max against the threshold (``name``),
+    computed from the table's numbers: checks whose Lanczos run did not converge are named and not
+    used; of the converged ones, how many lie above / within ``band`` of / below the threshold, the
+    first within the band, the first above it, and the last."""
+    measured = [r for r in rows if isinstance(r.get("lambda_max"), (int, float))]
+    if not measured:
+        return "No check measured λ_max."
+    used = [r for r in measured if _usable(r)]
+    out = []
+    bad = [r for r in measured if not _usable(r)]
+    if bad:
+        what = "; ".join(
+            f"step {r['step']}: λ_max = {r['lambda_max']:.4g}, residual {r.get('residual', math.nan):.2g} "
+            f"after {r.get('matvecs')} Hessian-vector products"
+            for r in bad[:5]
+        )
+        more = f"; {len(bad) - 5} more" if len(bad) > 5 else ""
+        out.append(
+            f"{len(bad)} check{'s' if len(bad) > 1 else ''} did not converge ({what}{more}): marked in "
+            "the table and the plot, not used below."
+        )
+    if not used:
+        out.append(f"No converged check: nothing is concluded about λ_max against {name}.")
+        return " ".join(out)
+    kinds = [compare(r["lambda_max"], r["threshold"], band)[0] for r in used]
+    pct = f"{100 * band:g} %"
+    out.append(
+        f"Of the {len(used)} converged checks, {kinds.count('above')} lie above {name} by more than "
+        f"{pct}, {kinds.count('within')} inside the ±{pct} band around it and {kinds.count('below')} "
+        f"below it by more than {pct}."
     )
-    return f"{where}; at the last check (step {last['step']}) it is {ratio:.3f} × 2/lr."
+    first = next((r for r, k in zip(used, kinds) if k == "within"), None)
+    if first is not None:
+        out.append(
+            f"λ_max first came within {pct} of {name} at step {first['step']} (λ_max = "
+            f"{first['lambda_max']:.4g} against {first['threshold']:.4g}: "
+            f"{_side(first['lambda_max'], first['threshold'])})."
+        )
+    else:
+        near = min(used, key=lambda r: abs(r["lambda_max"] / r["threshold"] - 1))
+        out.append(
+            f"λ_max never entered the ±{pct} band around {name}; the closest check is step {near['step']} "
+            f"(λ_max = {near['lambda_max']:.4g} against {near['threshold']:.4g}: "
+            f"{relation(near['lambda_max'], near['threshold'], band)})."
+        )
+    above = next((r for r, k in zip(used, kinds) if k == "above"), None)
+    if above is not None:
+        out.append(
+            f"It first lay above {name} by more than {pct} at step {above['step']} (λ_max = "
+            f"{above['lambda_max']:.4g} against {above['threshold']:.4g}: "
+            f"{relation(above['lambda_max'], above['threshold'], band)})."
+        )
+    last = used[-1]
+    ratio = last["lambda_max"] / last["threshold"]
+    out.append(
+        f"At the last converged check (step {last['step']}) λ_max = {last['lambda_max']:.4g} = "
+        f"{ratio:.3f} × {name} ({relation(last['lambda_max'], last['threshold'], band)})."
+    )
+    return " ".join(out)
 
 
-def history_rows(run: MonitorRun) -> list[dict[str, Any]]:
-    """One row per check: step, status, loss on the batch, ``lambda_max``, threshold, converged."""
+def edge_summary(run: MonitorRun) -> str:
+    """:func:`threshold_statement` of the run's checks."""
+    return threshold_statement(history_rows(run))
+
+
+def plot_caption(run: MonitorRun) -> str:
+    """What the sharpness plot shows, with the last check's value (and whether it converged)."""
+    cfg = run.config
+    last = run.result.history[-1]
+    lam = last.get("lambda_max")
+    value = "not measured" if lam is None else f"λ_max = {lam:.4g}"
+    if lam is not None and not last.get("converged"):
+        value += f" (Lanczos not converged, residual {last.get('residual', math.nan):.2g})"
+    return (
+        f"λ_max of the Hessian of the training loss ({LOSSES[cfg['loss']]}) on the {cfg['n_train']} "
+        f"training examples at each check (solid; Lanczos warm-started from the previous check, at "
+        f"most {cfg['max_matvecs']} Hessian-vector products per check) and the gradient-descent "
+        f"threshold 2/lr = {2 / run.lr:.4g} (dashed). Last check (step {last['step']}): {value}; "
+        f"{run.result.matvecs} Hessian-vector products in all."
+    )
+
+
+def history_rows(run: MonitorRun, band: float = BAND) -> list[dict[str, Any]]:
+    """One row per check: step, status, loss on the batch, ``lambda_max``, threshold, residual,
+    converged, matvecs and ``vs threshold`` (:func:`relation`, or why the check is not used)."""
     keys = ("step", "status", "loss", "lambda_max", "threshold", "residual", "converged", "matvecs")
-    return [{k: h.get(k) for k in keys} for h in run.result.history]
+    rows = []
+    for h in run.result.history:
+        row = {k: h.get(k) for k in keys}
+        if _usable(row):
+            row["vs threshold"] = relation(row["lambda_max"], row["threshold"], band)
+        elif isinstance(row["lambda_max"], (int, float)):
+            row["vs threshold"] = "not converged: not used"
+        else:
+            row["vs threshold"] = "—"
+        rows.append(row)
+    return rows

@@ -11,7 +11,6 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -23,12 +22,28 @@ import optimizers as opt_suite
 from landscape import metrics
 
 from .network_plots import log_loss, shared_range, spectrum_figure, surface_figure, training_figure
+from .network_text import (
+    MEASURE_OPTIONS,
+    RHO_MEASURES,
+    SHARPNESS_COLUMNS,
+    cell,
+    sharpness_measures,
+    spectrum_rows,
+)
+
+_cell = cell
 
 __all__ = [
     "NETWORK_OPTIMIZERS",
     "ARCHITECTURES",
     "SHARPNESS_MEASURES",
-    "SPECTRUM_CAPTION",
+    "SHARPNESS_COLUMNS",
+    "RHO_MEASURES",
+    "n_params",
+    "pca_plane",
+    "pca_span",
+    "sharpness_details",
+    "sharpness_measures",
     "interpolation_of",
     "run_label",
     "TrainedRun",
@@ -75,15 +90,8 @@ NETWORK_OPTIMIZERS: dict[str, tuple[Callable[..., torch.optim.Optimizer], float,
     ),
 }
 
-SHARPNESS_MEASURES: list[tuple[str, dict[str, Any]]] = [
-    ("lambda_max", {}),
-    ("hessian_trace", {}),
-    ("gradient_norm", {}),
-    ("worst_case", {"rho": 0.05, "solver": "one_step"}),
-    ("average_case", {"rho": 0.05}),
-]
-#: the measures whose options take the radius ``rho``
-RHO_MEASURES = frozenset({"worst_case", "average_case"})
+#: the page's sharpness measures with their default options (:data:`network_text.MEASURE_OPTIONS`)
+SHARPNESS_MEASURES: list[tuple[str, dict[str, Any]]] = [(m, dict(o)) for m, o in MEASURE_OPTIONS.items()]
 
 #: page label -> (``landscape.models.model_factory`` name, keyword arguments, image input): all take
 #: the 8x8 scikit-learn digits (flat 64-vectors for the MLP, 1x8x8 images for the others)
@@ -92,15 +100,6 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], bool]] = {
     "LeNet-5": ("lenet5-digits", {}, True),
     "ResNet": ("resnet", {"in_channels": 1, "width": 4, "blocks": (1, 1, 1)}, True),
 }
-
-SPECTRUM_CAPTION = (
-    "The trace is Hutchinson's estimate (XTrace where it applies, ``landscape.trace``), run until its "
-    "standard error is below 0.1 % of the value: this is the number to quote. The stochastic Lanczos "
-    "quadrature behind the density plot uses only a few probe vectors, so the trace it implies has a "
-    "standard error many times larger (often larger than the trace itself); it is not shown. The "
-    "smallest eigenvalue is Lanczos' at the other end of the spectrum; a negative one (marked) means "
-    "the solution is not a minimum along that direction."
-)
 
 
 @dataclass
@@ -290,114 +289,6 @@ def interpolation_of(
     )
 
 
-def surface_of(
-    run: TrainedRun,
-    *,
-    kind: str = "pca",
-    resolution: int = 21,
-    extent: float = 1.0,
-    progress: Callable[[float], None] | None = None,
-) -> tuple[ls.Surface, np.ndarray | None]:
-    """2-D loss surface around the final weights.
-
-    ``kind="pca"``: the plane of the first two principal directions of the recorded trajectory
-    (Li et al. 2018 Sec. 7) with the projected trajectory returned as ``[T, 2]`` coordinates;
-    ``kind="random"``: two filter-normalised Gaussian directions (seeds 0 and 1), no trajectory.
-    ``extent`` scales the coordinate range: PCA ranges cover the projected path with a margin.
-    """
-    if resolution < 3 or resolution > 101:
-        raise ValueError(f"resolution must be between 3 and 101, got {resolution}")
-    obj = objective_of(run)
-    model = obj.model
-    names = [n for n, _ in model.named_parameters()]
-    shapes = [p.shape for _, p in model.named_parameters()]
-    path = None
-    if kind == "pca":
-        dirs = ls.directions.pca(SimpleNamespace(weights=run.trajectory, names=names, shapes=shapes), k=2)
-        final = run.trajectory[-1]
-        mat = torch.stack([torch.cat([d[n].reshape(-1).double() for n in names]) for d in dirs])
-        path = ((run.trajectory - final) @ mat.T).numpy()
-        span = np.abs(path).max(axis=0) * 1.25 * extent + 1e-3
-        xs = np.linspace(-span[0], span[0], resolution)
-        ys = np.linspace(-span[1], span[1], resolution)
-    elif kind == "random":
-        dirs = [ls.directions.random(model, "filter", seed=s) for s in (0, 1)]
-        xs = ys = np.linspace(-extent, extent, resolution)
-    else:
-        raise ValueError(f"kind must be 'pca' or 'random', got {kind!r}")
-    xs = np.unique(np.concatenate([xs, [0.0]]))  # the centre is on the grid
-    ys = np.unique(np.concatenate([ys, [0.0]]))
-    s = ls.surface(obj, directions=list(dirs), coords=[xs, ys], metrics=("loss", "accuracy"))
-    return s, path
-
-
-def spectrum_of(
-    run: TrainedRun, *, k: int = 5, runs: int = 5, lanczos_steps: int = 40, seed: int = 0
-) -> dict[str, Any]:
-    """Top-k and smallest Hessian eigenvalues (restarted Lanczos, with residuals), the Hessian trace
-    (Hutchinson / XTrace, ``landscape.trace``) and the SLQ spectral density (Ghorbani et al. 2019)."""
-    obj = objective_of(run)
-    H = ls.hessian(obj)
-    eig = ls.eigenvalues(H, k=k, which="largest", seed=seed)
-    low = ls.eigenvalues(H, k=1, which="smallest", seed=seed)
-    tr = ls.trace(H, seed=seed)
-    dens = ls.spectral_density(H, runs=runs, lanczos_steps=lanczos_steps, seed=seed)
-    return {
-        "smallest": float(low.values[0]),
-        "smallest_converged": bool(low.converged[0]),
-        "hutchinson_trace": float(tr.value),
-        "hutchinson_stderr": float(tr.stderr),
-        "trace_method": tr.method,
-        "eigenvalues": [float(v) for v in eig.values],
-        "residuals": [float(v) for v in eig.residuals],
-        "converged": [bool(v) for v in eig.converged],
-        "grid": np.asarray(dens.grid, dtype=float),
-        "density": np.asarray(dens.density, dtype=float),
-        "trace": float(dens.trace),
-        "trace_stderr": float(dens.trace_stderr),
-        "matvecs": int(eig.matvecs + low.matvecs + tr.matvecs + dens.matvecs),
-    }
-
-
-def _cell(v: Any, fmt: str = ".4g") -> str:
-    """A table cell: a number in ``fmt``, "—" for a missing or non-finite one."""
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "—"
-    return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
-
-
-def sharpness_measures(names: list[str] | None = None, rho: float = 0.05) -> list[tuple[str, dict[str, Any]]]:
-    """The page's measures (all by default) with ``rho`` for the radius-based ones."""
-    known = dict(SHARPNESS_MEASURES)
-    names = list(known) if names is None else list(names)
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise ValueError(f"unknown sharpness measure(s) {bad}; choose from {list(known)}")
-    if not (rho > 0 and math.isfinite(rho)):
-        raise ValueError(f"rho must be a positive number, got {rho}")
-    return [(n, {**known[n], "rho": float(rho)} if n in RHO_MEASURES else dict(known[n])) for n in names]
-
-
-def sharpness_rows(runs: dict[str, TrainedRun], measures=None, split: str = "train") -> list[dict[str, Any]]:
-    """One row per (measure, optimizer) from ``ls.sharpness_report`` on ``split``: value and standard
-    error ("—" where a measure is exact), and the options it ran with."""
-    measures = measures or SHARPNESS_MEASURES
-    rows = []
-    for name, run in runs.items():
-        report = ls.sharpness_report(objective_of(run, split), measures)
-        for row in report.table_rows():
-            rows.append(
-                {
-                    "optimizer": name,
-                    "measure": row["measure"],
-                    "value": row["value"],
-                    "stderr": _cell(row["stderr"], ".2g"),
-                    "options": _cell(row["options"]) if row["options"] else "—",
-                }
-            )
-    return rows
-
-
 def _mean_std(values: list[float]) -> str:
     """``"0.9528"`` for one value, ``"0.9528 ± 0.0041"`` (sample std) for several."""
     v = np.asarray(values, dtype=float)
@@ -419,25 +310,20 @@ def metric_rows(runs: dict[str, TrainedRun | list[TrainedRun]]) -> list[dict[str
     return rows
 
 
-def spectrum_rows(spectra: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per optimizer: top and smallest eigenvalues (a negative one marked), whether Lanczos
-    converged, and the Hutchinson trace with its standard error (see :data:`SPECTRUM_CAPTION`)."""
-    rows = []
-    for n, sp in spectra.items():
-        low = sp["smallest"]
-        rows.append(
-            {
-                "optimizer": n,
-                "top eigenvalues": ", ".join(f"{v:.4g}" for v in sp["eigenvalues"]),
-                "smallest eigenvalue": f"{low:.4g}" + ("  ⚠ negative" if low < 0 else ""),
-                "all converged": all(sp["converged"]) and sp["smallest_converged"],
-                "trace (Hutchinson)": f"{sp['hutchinson_trace']:.4g} ± {sp['hutchinson_stderr']:.2g}",
-            }
-        )
-    return rows
-
-
 def surface_caption(s: ls.Surface) -> str:
     """The loss at the surface's centre (the trained weights) and what computing it cost."""
     centre = float(s.loss[np.argmin(np.abs(s.xs)), np.argmin(np.abs(s.ys))])
     return f"centre loss {centre:.4g}; {s.evaluations} evaluations in {s.seconds:.1f} s ({s.strategy})"
+
+
+# the analyses of a trained run live in network_analyses (they import this module's models and
+# data); re-exported here, where the page and the tests look for them
+from .network_analyses import (  # noqa: E402
+    n_params,
+    pca_plane,
+    pca_span,
+    sharpness_details,
+    sharpness_rows,
+    spectrum_of,
+    surface_of,
+)

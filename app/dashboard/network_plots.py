@@ -30,8 +30,9 @@ def shared_range(surfaces: list[ls.Surface]) -> tuple[float, float] | None:
 def surface_figure(
     s: ls.Surface, path: np.ndarray | None, title: str, zrange: tuple[float, float] | None = None
 ) -> go.Figure:
-    """Plotly contour of a 2-D surface (log10 loss) with the projected trajectory; ``zrange`` fixes
-    the colour scale and the contour levels (:func:`shared_range` for surfaces side by side)."""
+    """Plotly contour of a 2-D surface (log10 loss) with the projected trajectory, at equal aspect
+    (a unit of direction 1 as long as one of direction 2); ``zrange`` fixes the colour scale and the
+    contour levels (:func:`shared_range` for surfaces side by side)."""
     levels: dict[str, Any] = dict(ncontours=30)
     if zrange is not None:
         lo, hi = zrange
@@ -45,7 +46,7 @@ def surface_figure(
             z=log_loss(s),
             colorscale="Viridis",
             name="log10 loss",
-            colorbar=dict(title=dict(text="log10 loss", side="right")),
+            colorbar=dict(title=dict(text="log10 loss", side="right"), thickness=12),
             **levels,
         )
     )
@@ -81,11 +82,12 @@ def surface_figure(
             pad=dict(b=8),
             font=dict(size=13),
         ),
-        height=500,
+        height=440,
         legend=LEGEND_BELOW,
-        xaxis_title="direction 1",
-        yaxis_title="direction 2",
-        margin=dict(l=40, r=10, t=70, b=100),
+        # one unit is as long on both axes: a square plane is drawn square
+        xaxis=dict(title="direction 1", constrain="domain"),
+        yaxis=dict(title="direction 2", scaleanchor="x", scaleratio=1, constrain="domain"),
+        margin=dict(l=40, r=10, t=60, b=90),
     )
     return fig
 

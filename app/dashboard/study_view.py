@@ -32,6 +32,9 @@ __all__ = [
     "measures_of",
     "records",
     "scatter_figure",
+    "barely_trained",
+    "barely_trained_text",
+    "log_ticks",
     "summary_text",
     "targets_of",
 ]
@@ -218,9 +221,106 @@ def correlation_table(
     return pd.DataFrame([{k: e[k] for k in cols} for e in entries], columns=cols)
 
 
-def scatter_figure(df: pd.DataFrame, measures: list[str], target: str, table: pd.DataFrame) -> go.Figure:
+#: training error above which a model counts as barely trained (the page's default)
+BARELY_TRAINED = 0.5
+
+#: marker per model (Plotly symbol, the character the legend draws)
+_SYMBOLS = (("circle", "●"), ("square", "■"), ("diamond", "◆"), ("triangle-up", "▲"), ("cross", "✚"))
+
+
+def barely_trained(df: pd.DataFrame, threshold: float = BARELY_TRAINED) -> pd.Series:
+    """True for the models whose training error is above ``threshold`` (all False without a
+    ``train_error`` column)."""
+    if "train_error" not in df.columns:
+        return pd.Series(False, index=df.index)
+    return df["train_error"].astype(float) > threshold
+
+
+def styles(df: pd.DataFrame) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """The colour of each optimizer (the palette's, :func:`dashboard.experiments_view.color_of`) and
+    the marker (Plotly symbol, legend character) of each model."""
+    from dashboard.experiments_view import color_of
+
+    opts = sorted({str(o) for o in df["optimizer"]}) if "optimizer" in df.columns else []
+    models = sorted({str(m) for m in df["model"]}) if "model" in df.columns else []
+    return {o: color_of(o) for o in opts}, {m: _SYMBOLS[i % len(_SYMBOLS)] for i, m in enumerate(models)}
+
+
+def _tick_text(v: float) -> str:
+    if v == 0:
+        return "0"
+    e = math.floor(math.log10(abs(v)))
+    if -3 <= e <= 4:
+        return f"{v:.10g}"
+    m = v / 10**e
+    return f"{m:.3g}e{e}" if abs(m - 1) > 1e-9 else f"1e{e}"
+
+
+def _nice_step(width: float, n: int = 4) -> float:
+    raw = width / n
+    e = math.floor(math.log10(raw))
+    return min((m * 10.0**e for m in (1, 2, 2.5, 5, 10) if m * 10.0**e >= raw), default=10.0 ** (e + 1))
+
+
+def log_ticks(values: Any) -> tuple[list[float], list[str]]:
+    """Tick positions and labels of a log axis over positive ``values``: decades over more than 2.6
+    decades, 1-3 over 1.2 to 2.6, 1-2-5 over 0.6 to 1.2 and evenly spaced round numbers within a
+    narrower range; every label is its whole number (``0.002``, ``3e-5``), never the bare mantissa
+    Plotly puts between decades."""
+    v = [float(x) for x in values if isinstance(x, (int, float)) and math.isfinite(x) and x > 0]
+    if not v:
+        return [], []
+    lo, hi = min(v), max(v)
+    span = math.log10(hi / lo) if hi > lo else 0.0
+    if span <= 0.6:
+        step = _nice_step(hi - lo) if hi > lo else 10.0 ** math.floor(math.log10(lo))
+        ticks = [k * step for k in range(math.floor(lo / step), math.ceil(hi / step) + 1) if k > 0]
+    else:
+        mantissas = (1,) if span > 2.6 else (1, 3) if span > 1.2 else (1, 2, 5)
+        every = max(1, math.ceil(span / 6))
+        ticks = [
+            m * 10.0**e
+            for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+            if e % every == 0
+            for m in mantissas
+        ]
+        pad = 10 ** (0.05 * span)
+        ticks = [t for t in ticks if lo / pad <= t <= hi * pad]
+    if len(ticks) < 2:
+        ticks = sorted({float(f"{lo:.3g}"), float(f"{hi:.3g}")})
+    ticks = [float(f"{t:.12g}") for t in ticks]
+    return ticks, [_tick_text(t) for t in ticks]
+
+
+def legend_text(df: pd.DataFrame, threshold: float | None = BARELY_TRAINED) -> str:
+    """The figure's key (one line): the colour of each optimizer, the marker of each model and, when
+    some model's training error is above ``threshold``, the open marker of the barely trained."""
+    colours, symbols = styles(df)
+    parts = []
+    if colours:
+        parts.append(
+            "colour = optimizer: "
+            + "  ".join(f"<span style='color:{c}'>●</span> {o}" for o, c in colours.items())
+        )
+    if symbols:
+        parts.append("marker = model: " + "  ".join(f"{ch} {m}" for m, (_, ch) in symbols.items()))
+    if threshold is not None and bool(barely_trained(df, threshold).any()):
+        parts.append(f"open marker (○) = training error > {threshold:g}: barely trained")
+    return "  |  ".join(parts)
+
+
+def scatter_figure(
+    df: pd.DataFrame,
+    measures: list[str],
+    target: str,
+    table: pd.DataFrame,
+    threshold: float | None = BARELY_TRAINED,
+) -> go.Figure:
     """One panel per measure against ``target`` (models where both are finite; log x when all values
-    are positive); tau-b and its interval from ``table`` in each title; at most three panels a row."""
+    are positive, with readable tick labels :func:`log_ticks`); the colour of a point is its
+    optimizer, its marker its model, open markers the models whose training error is above
+    ``threshold`` (key above the panels, :func:`legend_text`); tau-b and its interval from
+    ``table`` in each title; at most three panels a row."""
     if not measures:
         raise UserInputError("select at least one measure to plot")
     by = table.set_index("measure")
@@ -232,17 +332,29 @@ def scatter_figure(df: pd.DataFrame, measures: list[str], target: str, table: pd
         titles.append(f"{m}<br>τ = {tau}")
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, vertical_spacing=0.3 / rows + 0.05)
     label = TARGET_LABELS.get(target, target)
+    colours, symbols = styles(df)
+    weak = barely_trained(df, threshold) if threshold is not None else pd.Series(False, index=df.index)
+    extra = [k for k in ("id", "optimizer", "model", "train_error") if k in df.columns]
     for i, m in enumerate(measures):
         r, c = divmod(i, cols)
-        sub = df[[m, target] + [k for k in ("id", "optimizer") if k in df.columns]].dropna(subset=[m, target])
+        sub = df[list(dict.fromkeys([m, target, *extra]))].dropna(subset=[m, target])
         sub = sub[sub[m].map(math.isfinite) & sub[target].map(math.isfinite)]
+        colour = [colours.get(str(o), "#555555") for o in sub["optimizer"]] if "optimizer" in sub else None
+        symbol = [symbols[str(k)][0] for k in sub["model"]] if "model" in sub else ["circle"] * len(sub)
+        symbol = [s + "-open" if bool(weak.loc[ix]) else s for s, ix in zip(symbol, sub.index)]
+        hover = [
+            " · ".join(str(row[k]) for k in ("id", "optimizer", "model") if k in sub)
+            + (f"<br>training error {row['train_error']:.3g}" if "train_error" in sub else "")
+            for _, row in sub.iterrows()
+        ]
         fig.add_trace(
             go.Scatter(
                 x=sub[m].to_numpy(float),
                 y=sub[target].to_numpy(float),
                 mode="markers",
                 name=m,
-                text=sub["id"] if "id" in sub else None,
+                text=hover,
+                marker=dict(color=colour, symbol=symbol, size=8, line=dict(width=1.5, color=colour)),
                 hovertemplate=f"%{{text}}<br>{m} = %{{x:.4g}}<br>{label} = %{{y:.4g}}<extra></extra>",
                 showlegend=False,
             ),
@@ -250,10 +362,45 @@ def scatter_figure(df: pd.DataFrame, measures: list[str], target: str, table: pd
             col=c + 1,
         )
         log = len(sub) > 0 and bool((sub[m] > 0).all())
-        fig.update_xaxes(title_text=m, type="log" if log else "linear", row=r + 1, col=c + 1)
+        axis: dict[str, Any] = dict(title_text=m, type="log" if log else "linear")
+        if log:
+            axis["tickvals"], axis["ticktext"] = log_ticks(sub[m])
+        fig.update_xaxes(**axis, row=r + 1, col=c + 1)
         fig.update_yaxes(title_text=label, row=r + 1, col=c + 1)
-    fig.update_layout(height=320 * rows + 60, margin=dict(t=80))
+    fig.add_annotation(
+        text=legend_text(df, threshold),
+        xref="paper",
+        yref="paper",
+        x=0.0,
+        y=1.0,
+        xanchor="left",
+        yanchor="bottom",
+        yshift=48,
+        showarrow=False,
+        align="left",
+        font=dict(size=12),
+    )
+    fig.update_layout(height=320 * rows + 90, margin=dict(t=120))
     return fig
+
+
+def barely_trained_text(df: pd.DataFrame, threshold: float, left_out: bool) -> str:
+    """How many models have a training error above ``threshold`` and what the page does with them."""
+    if "train_error" not in df.columns:
+        return "The table has no train_error column: models that barely trained cannot be marked."
+    weak = df[barely_trained(df, threshold)]
+    if weak.empty:
+        return f"No model has a training error above {threshold:g}."
+    what = "left out of the correlations and the plots" if left_out else "open markers in the plots"
+    worst = float(weak["train_error"].max())
+    kinds = ""
+    if {"model", "optimizer"} <= set(weak.columns):
+        counts = weak.groupby(["model", "optimizer"]).size()
+        kinds = " (" + ", ".join(f"{n} {m}/{o}" for (m, o), n in counts.items()) + ")"
+    return (
+        f"{len(weak)} of {len(df)} models have a training error above {threshold:g}{kinds}, up to "
+        f"{worst:.2f}: they barely trained ({what})."
+    )
 
 
 def summary_text(table: pd.DataFrame, target: str, n_models: int) -> str:

@@ -10,11 +10,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import streamlit as st  # noqa: E402
 from dashboard import network as nw  # noqa: E402
+from dashboard import network_text as nt  # noqa: E402
 from dashboard import page_header, readable_errors  # noqa: E402
 from dashboard.layout import MAX_COLUMNS  # noqa: E402
 from dashboard.query import QueryPresets  # noqa: E402
 from dashboard.uploads import open_uploaded_surface  # noqa: E402
-from dashboard.widgets import show_figure, show_table  # noqa: E402
+from dashboard.widgets import computed_with_progress, csv_bytes, show_figure, show_table  # noqa: E402
 
 page_header(
     "Network landscape",
@@ -109,19 +110,9 @@ def trained(
     return store[key]
 
 
-@st.cache_resource(show_spinner="computing the loss surface ...", max_entries=32)
-def cached_surface(_run: nw.TrainedRun, key: tuple, kind: str, resolution: int):
-    return nw.surface_of(_run, kind=kind, resolution=resolution)
-
-
-@st.cache_resource(show_spinner="Lanczos and SLQ on the Hessian ...", max_entries=32)
-def cached_spectrum(_run: nw.TrainedRun, key: tuple):
-    return nw.spectrum_of(_run)
-
-
-@st.cache_resource(show_spinner="measuring sharpness ...", max_entries=32)
-def cached_sharpness(_run: nw.TrainedRun, key: tuple, names: tuple, rho: float, split: str):
-    return nw.sharpness_rows({_run.name: _run}, nw.sharpness_measures(list(names), rho), split=split)
+def progressed(store: str, key: tuple, compute, label: str):
+    """``compute(report)`` once per key in this session, with a progress bar of the work done."""
+    return computed_with_progress(store, key, compute, label, max_entries=32)
 
 
 @st.cache_resource(show_spinner="interpolating between the solutions ...", max_entries=32)
@@ -156,28 +147,48 @@ else:
         show_figure(nw.training_figure(runs), "training_loss", key="training")
         keys = {n: (n, *hypers[n], epochs, hidden, arch, r.config["seed"]) for n, r in runs.items()}
         if "surface" in analyses:
-            st.subheader("Loss surface around each solution (one colour scale for all)")
+            span = None
+            with readable_errors("find the PCA planes"):
+                span = nw.pca_span(list(runs.values())) if plane == "pca" else None
+            st.subheader("Loss surfaces")
+            st.markdown(nt.surface_heading(plane, len(runs), span, shared_colours=True))
             surfaces = {}
             for name, run in runs.items():
                 with readable_errors(f"compute the surface for {name}"):
-                    surfaces[name] = cached_surface(run, keys[name], plane, resolution)
+                    surfaces[name] = progressed(
+                        "net_surfaces",
+                        (keys[name], plane, resolution, span),
+                        lambda report, run=run: nw.surface_of(
+                            run, kind=plane, resolution=resolution, span=span, progress=report
+                        ),
+                        f"loss surface of {name}",
+                    )
             zrange = nw.shared_range([s for s, _ in surfaces.values()])
             names = list(surfaces)
             for start in range(0, len(names), MAX_COLUMNS):
-                cols = st.columns(MAX_COLUMNS)
+                cols = st.columns(min(MAX_COLUMNS, len(names)))
                 for col, name in zip(cols, names[start : start + MAX_COLUMNS]):
                     s, path = surfaces[name]
                     title = f"{name}: log10 loss ({plane} plane)"
                     fig = nw.surface_figure(s, path, title, zrange=zrange)
                     show_figure(fig, f"surface_{name}", key=f"surface_{name}", container=col)
                     col.caption(nw.surface_caption(s))
+        spectra = None
         if "spectrum" in analyses:
             st.subheader("Hessian spectrum")
             with readable_errors("compute the Hessian spectrum"):
-                spectra = {n: cached_spectrum(r, keys[n]) for n, r in runs.items()}
+                spectra = {
+                    n: progressed(
+                        "net_spectra",
+                        keys[n],
+                        lambda report, r=r: nw.spectrum_of(r, progress=report),
+                        f"Hessian spectrum of {n}",
+                    )
+                    for n, r in runs.items()
+                }
                 show_figure(nw.spectrum_figure(spectra), "hessian_spectrum", key="spectrum")
                 show_table(nw.spectrum_rows(spectra), "hessian_spectrum", key="spectrum_rows")
-                st.caption(nw.SPECTRUM_CAPTION)
+                st.caption(nt.spectrum_caption(spectra))
         if "interpolation" in analyses:
             st.subheader("Loss on the line between two solutions (training data)")
             every = {
@@ -208,9 +219,34 @@ else:
                 st.info("Choose at least one sharpness measure in the sidebar.")
             else:
                 with readable_errors("measure sharpness"):
-                    sharp_key = (tuple(sharp_measures), float(sharp_rho), sharp_split)
-                    rows = [row for n, r in runs.items() for row in cached_sharpness(r, keys[n], *sharp_key)]
-                    show_table(rows, "sharpness", key="sharpness")
+                    measures = nw.sharpness_measures(list(sharp_measures), float(sharp_rho))
+                    rows = []
+                    for n, r in runs.items():
+                        rows += progressed(
+                            "net_sharpness",
+                            (keys[n], tuple(sharp_measures), float(sharp_rho), sharp_split),
+                            lambda report, n=n, r=r: nw.sharpness_rows(
+                                {n: r}, measures, split=sharp_split, report=report
+                            ),
+                            f"sharpness of {n}",
+                        )
+                    shown = [{k: v for k, v in row.items() if k != "as run"} for row in rows]
+                    st.dataframe(shown, hide_index=True, key="sharpness", column_config=nw.SHARPNESS_COLUMNS)
+                    st.download_button(
+                        "download sharpness (CSV)",
+                        data=csv_bytes(rows),
+                        file_name="sharpness.csv",
+                        mime="text/csv",
+                        key="sharpness_csv",
+                        on_click="ignore",
+                    )
+                    p = nw.n_params(next(iter(runs.values())))
+                    st.markdown("**How each measure perturbs the weights** (the same for every optimizer)")
+                    st.table(nw.sharpness_details(rows, p))
+                    notes = nt.sharpness_notes(rows, p, sharp_split)
+                    agree = nt.trace_agreement(rows, spectra, sharp_split)
+                    for line in notes + ([agree] if agree else []):
+                        st.caption(line)
 
 st.subheader("Open a saved surface file")
 upload = st.file_uploader(

@@ -8,15 +8,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import streamlit as st  # noqa: E402
+from dashboard import experiments_groups as eg  # noqa: E402
 from dashboard import experiments_view as ev  # noqa: E402
 from dashboard import page_header, readable_errors  # noqa: E402
 from dashboard.widgets import computed_with_progress, show_figure  # noqa: E402
 
+from experiments.table import collect_runs  # noqa: E402
+
 page_header(
     "Experiments",
-    "Open the run directories written by `python -m experiments run CONFIG` and compare methods: the "
-    "results table (mean ± sample standard deviation over seeds, as `python -m experiments table` "
-    "prints it), the per-epoch training curves and reliability diagrams of the trained models.",
+    "Open the run directories written by `python -m experiments run CONFIG` and compare methods "
+    "within each experiment: one results table per experiment (mean ± sample standard deviation over "
+    "seeds, as `python -m experiments table <out_dir>/<name>` prints it), the per-epoch training "
+    "curves and reliability diagrams of the trained models.",
 )
 
 
@@ -26,12 +30,6 @@ root = st.text_input(
     key="exp_root",
     help=f"the out_dir of the runner (default runs/, or ${ev.DEFAULT_ROOT_ENV})",
 )
-# the selections belong to the directory they were made in: another directory (typed, or from
-# $SHARPSCAPE_RUNS) starts with all its runs selected, not with the previous directory's chips
-if st.session_state.get("exp_selection_root") != root:
-    for key in ("exp_runs", "exp_curves", "exp_reliability"):
-        st.session_state.pop(key, None)
-    st.session_state["exp_selection_root"] = root
 found: list[str] = []
 with readable_errors("list the runs"):
     found = ev.find_runs(root)
@@ -40,51 +38,92 @@ if not found:
             "`python -m experiments run configs/digits_sam_vs_sgd.toml` first.")  # fmt: skip
     st.stop()
 
-labels = {ev.run_label(d, root): d for d in found}
-chosen = st.multiselect("runs", list(labels), default=list(labels), key="exp_runs")
+experiments: dict = {}
+with readable_errors("read the runs"):
+    experiments = eg.split_experiments(collect_runs(found), root)
+if not experiments:
+    st.stop()
+# every selection belongs to this directory (eg.state_key): another directory gets new widgets
+titles = eg.experiment_titles(experiments, max_keys=2)
+names = list(experiments)
+chosen_exps = st.multiselect(
+    "experiments (one directory <out_dir>/<name> of `python -m experiments run` each)",
+    names,
+    default=names,
+    format_func=lambda e: f"{e} ({titles[e]})" if titles[e] else e,
+    key=eg.state_key("exp_experiments", root),
+)
+if not chosen_exps:
+    st.info("Choose at least one experiment.")
+    st.stop()
+labels = {ev.run_label(r["_dir"], root): r["_dir"] for e in chosen_exps for r in experiments[e]}
+with st.expander(f"runs: all {len(labels)} of the chosen experiments (leave some out here)"):
+    chosen = st.multiselect(
+        "runs", list(labels), default=list(labels), key=eg.state_key("exp_runs", root, chosen_exps)
+    )
 if not chosen:
     st.info("Choose at least one run.")
     st.stop()
-dirs = [labels[c] for c in chosen]
+picked = {labels[c] for c in chosen}
+shown = {e: [r for r in experiments[e] if r["_dir"] in picked] for e in chosen_exps}
+shown = {e: rows for e, rows in shown.items() if rows}
 
-entries: list[dict] = []
+tables: dict = {}
 with readable_errors("tabulate the runs"):
-    entries = ev.results_table(dirs)
-    st.subheader("Results: mean ± std over seeds per method and settings")
-    st.dataframe(ev.table_rows(entries), hide_index=True, key="exp_table")
-    st.download_button(
-        "download table (CSV)",
-        data=ev.table_csv(entries),
-        file_name="experiments_table.csv",
-        mime="text/csv",
-        key="exp_table_csv",
-        on_click="ignore",
+    tables = eg.tables_by_experiment(shown)
+    differs = eg.experiment_titles(shown, max_keys=8)
+    metrics = list(dict.fromkeys(m for entries in tables.values() for m in eg.metrics_of(entries)))
+    columns = st.multiselect(
+        "metrics in the tables (all are in the CSV files)",
+        metrics,
+        default=eg.default_metrics(metrics),
+        key=eg.state_key("exp_metrics", root),
     )
-    st.caption("std is the sample standard deviation over seeds (ddof = 1); nan with one seed or where a "
-               "method has no such metric (e.g. bma_* for non-Bayesian methods). Runs are averaged "
-               "only with runs of the same method and settings (config.toml, all but the seed).")  # fmt: skip
-    for line in ev.table_notes(entries, ("settings", "config")):
-        st.info(line)
-    for line in ev.table_notes(entries, ("duplicates",)):
-        st.warning(line)
-    failed = ev.diverged_rows(entries, root)
-    if failed:
-        st.subheader("Diverged runs (counted, not in the means)")
-        st.dataframe(failed, hide_index=True, key="exp_diverged")
+    for exp, entries in tables.items():
+        n_runs = sum(e["runs"] for e in entries)
+        st.subheader(f"Experiment {exp}")
+        if differs[exp]:
+            st.markdown(f"Differs from the other experiments shown in: `{differs[exp]}`")
+        st.dataframe(eg.display_rows(entries, columns), hide_index=True, key=eg.state_key("exp_t", root, exp))
+        st.download_button(
+            f"download the table of {exp} (CSV)",
+            data=ev.table_csv(entries),
+            file_name=f"{eg.slug(exp)}_table.csv",
+            mime="text/csv",
+            key=eg.state_key("exp_csv", root, exp),
+            on_click="ignore",
+        )
+        st.caption(eg.table_caption(entries, n_runs, columns))
+        for line in ev.table_notes(entries, ("settings", "config")):
+            st.info(line)
+        for line in ev.table_notes(entries, ("duplicates",)):
+            st.warning(line)
+        failed = ev.diverged_rows(entries, root)
+        if failed:
+            st.markdown(f"**Diverged runs of {exp}** (counted, not in the means)")
+            st.dataframe(failed, hide_index=True, key=eg.state_key("exp_div", root, exp))
 
 with readable_errors("read the training logs"):
+    multi = len(tables) > 1
     histories = {c: ev.read_history(labels[c]) for c in chosen}
-    groups = ev.run_groups(entries)
+    groups = eg.curve_groups(tables, multi)
     methods = {c: groups.get(labels[c]) or ev.run_method(labels[c]) for c in chosen}
-    colors = ev.group_colors(list(dict.fromkeys(methods.values())))
+    styles = eg.curve_styles(tables, multi)
     keys = ev.curve_keys(histories)
     if keys:
-        st.subheader("Training curves (log.jsonl, one colour per table row, one line per seed)")
+        st.subheader("Training curves (log.jsonl, one line per seed)")
+        st.caption(eg.curves_caption(multi))
         default = [k for k in ("train_loss", "test_accuracy") if k in keys] or keys[:1]
-        shown = st.multiselect("curves", keys, default=default, key="exp_curves")
-        cols = st.columns(max(1, min(len(shown), 3)))
-        for i, key in enumerate(shown):
-            fig = ev.curves_figure(histories, methods, key, colors)
+        picked_curves = st.multiselect("curves", keys, default=default, key=eg.state_key("exp_curves", root))
+        cols = st.columns(max(1, min(len(picked_curves), 3)))
+        for i, key in enumerate(picked_curves):
+            fig = ev.curves_figure(
+                histories,
+                methods,
+                key,
+                {g: c for g, (c, _) in styles.items()},
+                {g: d for g, (_, d) in styles.items()},
+            )
             show_figure(fig, f"curve_{key}", key=f"exp_curve_{key}", container=cols[i % len(cols)])
     else:
         st.info("The chosen runs have no per-epoch log (log.jsonl).")
@@ -92,12 +131,13 @@ with readable_errors("read the training logs"):
 st.subheader("Reliability diagram (test set, point model)")
 st.caption("The runner saves no probabilities: each chosen run's model is rebuilt from its config.toml "
            "and checkpoint.pt and evaluated on its own test set; the recomputed ECE is shown next to "
-           "the one in metrics.json.")  # fmt: skip
+           f"the one in metrics.json. Default: the first completed run of each table row (at most "
+           f"{eg.MAX_RELIABILITY} rows).")  # fmt: skip
 label_of = {d: c for c, d in labels.items() if c in chosen}
-default_rel = [label_of[d] for d in ev.default_reliability_runs(entries) if d in label_of]
-if not set(st.session_state.get("exp_reliability") or ()) <= set(chosen):
-    st.session_state.pop("exp_reliability", None)  # runs no longer chosen: back to the default
-rel = st.multiselect("runs in the diagram", chosen, default=default_rel, key="exp_reliability")
+default_rel = [label_of[d] for d in eg.default_reliability(tables) if d in label_of]
+rel = st.multiselect(
+    "runs in the diagram", chosen, default=default_rel, key=eg.state_key("exp_reliability", root, chosen)
+)
 n_bins = st.select_slider("bins", [5, 10, 15, 20], value=20, key="exp_bins")
 if rel:
     with readable_errors("compute the reliability diagram"):

@@ -30,6 +30,14 @@ with st.sidebar:
         key="study_dir",
     )
     samples = st.select_slider("bootstrap resamples", [200, 1000, 2000], value=1000, key="study_samples")
+    threshold = st.select_slider(
+        "mark models with a training error above",
+        [0.1, 0.2, 0.3, 0.5, 0.7, 0.9],
+        value=sv.BARELY_TRAINED,
+        key="study_barely",
+        help="models that barely trained: open markers in the plots",
+    )
+    leave_out = st.checkbox("leave them out of the correlations", value=False, key="study_leave_out")
 
 data = None
 with readable_errors("load the study"):
@@ -37,6 +45,9 @@ with readable_errors("load the study"):
 
 if data is not None:
     df, named = data
+    st.markdown(sv.barely_trained_text(df, threshold, leave_out))
+    if leave_out:
+        df = df[~sv.barely_trained(df, threshold)]
     targets = sv.targets_of(df)
     measures = sv.measures_of(df, named)
     if not targets or not measures:
@@ -58,7 +69,7 @@ if data is not None:
             show_table(table.to_dict("records"), f"study_correlation_{target}", key="study_table")
             chosen = st.multiselect("measures to plot", measures, default=measures[:4], key="study_measures")
             if chosen:
-                fig = sv.scatter_figure(df, chosen, target, table)
+                fig = sv.scatter_figure(df, chosen, target, table, threshold)
                 show_figure(fig, f"study_scatter_{target}", key="study_fig")
             else:
                 st.info("Select at least one measure to plot.")
