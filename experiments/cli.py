@@ -26,9 +26,10 @@ from landscape.cli_common import CliError, Parser, Terminated, UsageError, add_d
 __all__ = ["main"]
 
 
-def _parser() -> Parser:
+def _parser(prog: str = "python -m experiments") -> Parser:
+    """The parser; ``prog`` names the program in usage and errors (``sharpscape`` passes its own)."""
     parser = Parser(
-        prog="python -m experiments",
+        prog=prog,
         description="Run the experiments of a TOML config and tabulate their results.",
     )
     add_debug_option(parser)
@@ -39,7 +40,12 @@ def _parser() -> Parser:
         epilog="exit status: 0 all runs finished, 1 a failure, 2 a bad config or command line, "
         "3 some runs diverged (recorded; the others finished), 130 / 143 interrupted",
     )
-    run.add_argument("config", help="TOML config file (see configs/)")
+    run.add_argument(
+        "config",
+        nargs="?",
+        help="TOML config file, or the name of an example config installed with the package "
+        "(digits_sam_vs_sgd, miniatures/label_noise, ...: see --list-configs)",
+    )
     run.add_argument(
         "overrides",
         nargs="*",
@@ -51,6 +57,11 @@ def _parser() -> Parser:
         "--dry-run", action="store_true", help="print the resolved config and the run directories"
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--list-configs",
+        action="store_true",
+        help="list the example configs installed with the package (their names work as CONFIG) and stop",
+    )
     run.add_argument(
         "--estimate",
         action="store_true",
@@ -89,7 +100,18 @@ def _run(args: Any) -> int:
     from experiments.runner import plan_runs, resolve_device, run_one, validate
     from experiments.table import aggregate, format_table
     from experiments.toml_writer import dumps
+    from sharpscape.resources import format_config_list, resolve_config
 
+    if args.list_configs:
+        study = f"{args.prog}.study" if args.prog.endswith("experiments") else f"{args.prog} study"
+        print(format_config_list(f"{args.prog} run", study), end="")
+        return 0
+    if args.config is None:
+        raise UsageError(
+            "the following arguments are required: config",
+            f"give a TOML file or an example config's name (`{args.prog} run --list-configs`)",
+        )
+    args.config = resolve_config(args.config)
     if args.estimate and args.dry_run:
         raise UsageError("--estimate and --dry-run cannot be combined", "give one of them")
     if args.estimate_steps < 1:
@@ -103,7 +125,9 @@ def _run(args: Any) -> int:
             validate(runs)
     except FileNotFoundError as exc:
         raise UsageError(
-            str(exc), "give the path of a TOML config, e.g. configs/digits_sam_vs_sgd.toml"
+            str(exc),
+            "give the path of a TOML config, e.g. configs/digits_sam_vs_sgd.toml, or the name of an "
+            f"installed example config (`{args.prog} run --list-configs`)",
         ) from None
     except ConfigError as exc:
         raise UsageError(str(exc), "fix the config file or the key=value override") from None
@@ -198,7 +222,7 @@ def _table(args: Any) -> int:
     try:
         rows = collect_runs(args.runs)
     except FileNotFoundError as exc:
-        raise UsageError(str(exc), "give run directories written by `python -m experiments run`") from None
+        raise UsageError(str(exc), f"give run directories written by `{args.prog} run`") from None
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     if metrics:
         known = {k for r in rows for k in r if not k.startswith("_")}
@@ -224,9 +248,10 @@ def _table(args: Any) -> int:
     return 0
 
 
-def _main(argv: list[str]) -> int:
-    parser = _parser()
+def _main(argv: list[str], prog: str = "python -m experiments") -> int:
+    parser = _parser(prog)
     args = parser.parse_args(argv)
+    args.prog = prog
     if args.command == "run":
         return _run(args)
     if args.command == "table":
@@ -236,6 +261,7 @@ def _main(argv: list[str]) -> int:
     return 2
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run a command; returns 0, or raises ``SystemExit`` with the status after one error line."""
-    return run_cli(_main, argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m experiments") -> int:
+    """Run a command; returns 0, or raises ``SystemExit`` with the status after one error line.
+    ``prog`` names the program in usage and errors (``sharpscape`` passes its own)."""
+    return run_cli(lambda args: _main(args, prog), argv)

@@ -20,9 +20,10 @@ from landscape.cli_common import Parser, add_debug_option, run_cli
 _COMMAND_MODULES = ("landscape.sharpness.cli", "landscape.surface.cli")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m landscape") -> argparse.ArgumentParser:
+    """The parser; ``prog`` names the program in usage and errors (``sharpscape`` passes its own)."""
     parser: argparse.ArgumentParser = Parser(
-        prog="python -m landscape",
+        prog=prog,
         description="Sharpness measures and loss surfaces of a saved PyTorch model (see COMMAND --help).",
     )
     add_debug_option(parser)
@@ -39,13 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m landscape") -> int:
     """Run a command; returns 0, or raises ``SystemExit`` with the status after one error line."""
-    return run_cli(_main, argv)
+    return run_cli(lambda args: _main(args, prog), argv)
 
 
-def _main(argv: list[str]) -> int:
-    parser = build_parser()
+def _main(argv: list[str], prog: str = "python -m landscape") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

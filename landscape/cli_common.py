@@ -78,6 +78,21 @@ class Parser(argparse.ArgumentParser):
                 extras = [a for a in extras if a.startswith("-")]
         return namespace, extras
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """As argparse's, but unknown arguments are reported by the sub-command's parser, whose
+        ``--help`` (``see `sharpscape run --help```) is the one that lists the accepted options."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            chosen: argparse.ArgumentParser = self
+            while True:
+                subs = [a for a in chosen._actions if isinstance(a, argparse._SubParsersAction)]
+                name = getattr(namespace, subs[0].dest, None) if subs else None
+                if name is None or name not in subs[0].choices:
+                    break
+                chosen = subs[0].choices[name]
+            chosen.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
+
     def error(self, message: str) -> None:  # type: ignore[override]
         fix = f"see `{self.prog} --help`"
         if DASH in message:

@@ -23,11 +23,11 @@ def _resolution(text: str) -> int:
     return value
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], prog: str = "python -m toy_problems") -> int:
     from landscape.cli_common import CliError, Parser, UsageError, add_debug_option, check_output
     from toy_problems.figures import FIGURES, make_figures
 
-    parser = Parser(prog="python -m toy_problems")
+    parser = Parser(prog=prog)
     add_debug_option(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     fig = sub.add_parser("figures", help="regenerate the papers' toy figures (PNG + JSON)")
@@ -54,15 +54,16 @@ def _main(argv: list[str]) -> int:
     try:
         make_figures(args.out, args.only, args.resolution)
     except ValueError as exc:
-        raise CliError(str(exc), "see `python -m toy_problems figures --help`") from None
+        raise CliError(str(exc), f"see `{prog} figures --help`") from None
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run a command; returns 0, or raises ``SystemExit`` with the status after one error line."""
+def main(argv: Sequence[str] | None = None, prog: str = "python -m toy_problems") -> int:
+    """Run a command; returns 0, or raises ``SystemExit`` with the status after one error line.
+    ``prog`` names the program in usage and errors (``sharpscape`` passes its own)."""
     from landscape.cli_common import run_cli
 
-    return run_cli(_main, argv)
+    return run_cli(lambda args: _main(args, prog), argv)
 
 
 if __name__ == "__main__":

@@ -51,12 +51,16 @@ def interrupted_error(out_dir: str | Path, sigterm: bool) -> CliError:
     return CliError(f"{how}; {kept}", fix, status=143 if sigterm else 130)
 
 
-def _parser() -> Parser:
-    parser = Parser(prog="python -m experiments.study", description="Does flatness predict generalisation?")
+def _parser(prog: str = "python -m experiments.study") -> Parser:
+    parser = Parser(prog=prog, description="Does flatness predict generalisation?")
     add_debug_option(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser("run", help="train and measure the population of a study config (resumable)")
-    run.add_argument("config", help="study TOML file, e.g. configs/study_digits.toml")
+    run.add_argument(
+        "config",
+        help="study TOML file, e.g. configs/study_digits.toml, or the name of an installed example "
+        "config (study_digits; see `sharpscape run --list-configs`)",
+    )
     run.add_argument(
         "--out", required=True, help="output directory (runs/, models/<id>.json, tables, figure)"
     )
@@ -74,14 +78,16 @@ def _parser() -> Parser:
     return parser
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
     from experiments.study.config import load_study_config
     from experiments.study.population import member_runs, run_population
     from experiments.study.report import write_report
+    from sharpscape.resources import resolve_config
 
-    args = _parser().parse_args(argv)
+    parser = _parser(prog)
+    args = parser.parse_args(argv)
     if args.command == "run":
-        cfg = load_study_config(args.config)
+        cfg = load_study_config(resolve_config(args.config))
         members = member_runs(cfg, args.out)
         note(f"{len(members)} models ({cfg['sampling']} sampling) -> {args.out}")
         if args.dry_run:
@@ -103,13 +109,14 @@ def _main(argv: list[str]) -> int:
         )
         print(doc["markdown"], end="")
         return 0
-    _parser().print_help()
+    parser.print_help()
     raise ValueError("no command given — choose one of: run, report")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run a command; returns 0, or raises ``SystemExit`` after one ``error:`` line."""
-    return run_cli(_main, argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m experiments.study") -> int:
+    """Run a command; returns 0, or raises ``SystemExit`` after one ``error:`` line. ``prog`` names
+    the program in usage and errors (``sharpscape study`` passes its own)."""
+    return run_cli(lambda args: _main(args, prog), argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,12 @@
+"""``sharpscape``: the one command line of the toolkit and the files shipped with it.
+
+* :mod:`sharpscape.command`: ``sharpscape run | table | study | figures | sharpness | surface |
+  dashboard``, dispatching to the ``python -m`` entry points of the packages;
+* :mod:`sharpscape.dashboard`: ``sharpscape dashboard``, the Streamlit dashboard on this machine only;
+* :mod:`sharpscape.resources`: where the dashboard (``app/``) and the example configs (``configs/``)
+  are, in a checkout and in an installed wheel.
+
+Importing this package imports neither torch nor the library packages.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+from sharpscape.command import main
+
+raise SystemExit(main(prog="python -m sharpscape"))

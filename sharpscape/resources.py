@@ -1,0 +1,130 @@
+"""Where the dashboard and the example configs are, in a checkout and in an installed wheel.
+
+In a checkout they are the repository's ``app/`` and ``configs/`` (next to this package). A wheel
+ships them as the packages ``sharpscape_app`` and ``sharpscape_configs`` (``pyproject.toml`` maps
+``app/`` and ``configs/`` to these names), installed next to this package in ``site-packages``. The
+installed names are looked up first, so a stray ``app/`` directory elsewhere is never taken.
+
+Configs are named by their path under ``configs/`` without ``.toml`` (``digits_sam_vs_sgd``,
+``miniatures/label_noise``); :func:`resolve_config` turns such a name (or ``configs/NAME.toml``
+typed outside the repository) into the installed file, so the README's commands work anywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "APP_PACKAGE",
+    "CONFIGS_PACKAGE",
+    "app_home",
+    "configs_dir",
+    "format_config_list",
+    "list_configs",
+    "resolve_config",
+]
+
+#: the installed names of ``app/`` and ``configs/`` (see ``[tool.setuptools.package-dir]``)
+APP_PACKAGE, CONFIGS_PACKAGE = "sharpscape_app", "sharpscape_configs"
+
+_ROOT = Path(__file__).resolve().parent.parent  # site-packages, or the repository in a checkout
+
+
+def _shipped(installed: str, checkout: str, marker: str) -> Path | None:
+    for base in (_ROOT / installed, _ROOT / checkout):
+        if (base / marker).is_file():
+            return base
+    return None
+
+
+def app_home() -> Path:
+    """The dashboard's main script (``app/Home.py``); :class:`FileNotFoundError` if not shipped."""
+    base = _shipped(APP_PACKAGE, "app", "Home.py")
+    if base is None:
+        raise FileNotFoundError(
+            f"the dashboard is not installed (neither {_ROOT / APP_PACKAGE} nor {_ROOT / 'app'} holds "
+            "Home.py) — reinstall sharpscape: pip install 'sharpscape[app]'"
+        )
+    return base / "Home.py"
+
+
+def configs_dir() -> Path | None:
+    """The directory of the example configs (``configs/``), or ``None`` if they are not shipped."""
+    return _shipped(CONFIGS_PACKAGE, "configs", "README.md")
+
+
+def _description(path: Path, width: int = 80) -> str:
+    """The start of a config's leading comment (its summary), at most ``width`` characters."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    words: list[str] = []
+    for line in lines:
+        if not line.startswith("#") or not line.lstrip("#").strip():
+            break
+        words += line.lstrip("#").split()
+    text = " ".join(words)
+    if len(text) <= width:
+        return text
+    return text[: width - 1].rsplit(" ", 1)[0] + " …"
+
+
+def _is_study(path: Path) -> bool:
+    """A study config (``experiments.study``: it has a ``[space]`` table) rather than a runner's."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return any(line.strip() == "[space]" for line in text.splitlines())
+
+
+def list_configs() -> list[tuple[str, Path, str, bool]]:
+    """``(name, path, one-line description, is a study config)`` of every shipped config, by name."""
+    base = configs_dir()
+    if base is None:
+        return []
+    out = []
+    for path in sorted(base.rglob("*.toml")):
+        name = path.relative_to(base).with_suffix("").as_posix()
+        out.append((name, path, _description(path), _is_study(path)))
+    return out
+
+
+def resolve_config(text: str) -> str:
+    """``text`` if it names an existing file; else the shipped config it names (``NAME``,
+    ``NAME.toml`` or ``configs/NAME.toml``) if there is one; else ``text`` unchanged (the caller
+    reports the missing file)."""
+    if Path(text).exists():
+        return text
+    base = configs_dir()
+    if base is None:
+        return text
+    rel = text.replace("\\", "/")
+    if rel.startswith("configs/"):
+        rel = rel[len("configs/") :]
+    if not rel or rel.startswith("/") or ".." in Path(rel).parts:
+        return text
+    for candidate in (base / rel, base / f"{rel}.toml"):
+        if candidate.is_file() and candidate.suffix == ".toml":
+            return str(candidate)
+    return text
+
+
+def format_config_list(run: str, study: str) -> str:
+    """The text of ``--list-configs``: one line per shipped config, then how to use a name
+    (``run`` / ``study``: the commands, e.g. ``sharpscape run`` and ``sharpscape study``)."""
+    configs = list_configs()
+    if not configs:
+        return "no example configs are installed with this copy of sharpscape\n"
+    width = max(len(c[0]) for c in configs)
+    lines = [f"example configs in {configs_dir()} (give the name as CONFIG):"]
+    lines += [f"  {n:<{width}}  {'[study] ' if st else ''}{desc}".rstrip() for n, _, desc, st in configs]
+    runs = [c[0] for c in configs if not c[3]]
+    studies = [c[0] for c in configs if c[3]]
+    example = "digits_sam_vs_sgd" if "digits_sam_vs_sgd" in runs else (runs or ["NAME"])[0]
+    lines.append(f"run one with `{run} {example}`")
+    if studies:
+        lines.append(f"[study] configs with `{study} run {studies[0]} --out DIR`")
+    lines.append("a path that exists is used as given: copy a file to edit it")
+    return "\n".join(lines) + "\n"
