@@ -1,7 +1,9 @@
-"""Dashboard page 5 (Experiments) groups runs as ``python -m experiments table`` does (issue 24): a
-runs/ folder holding a clean and a 40 %-label-noise digits experiment shows one row per method and
-noise level (no 'same seed twice' error box), curves coloured per row, a diverged run listed and
-left out of the means; another directory resets the run and diagram selections."""
+"""Dashboard page 5 (Experiments) with two experiments in one runs/ folder (issues 24 and 29): a
+clean and a 40 %-label-noise digits experiment, each with its own table of one row per method (as
+``python -m experiments table <out_dir>/<name>`` prints it, no 'same seed twice' error box) and its
+own CSV, a line naming the setting in which they differ, curves coloured per (experiment, method)
+with one line style per experiment, a diverged run listed and left out of the means; another
+directory gets new run and diagram selections."""
 
 from __future__ import annotations
 
@@ -12,17 +14,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app"
 sys.path.insert(0, str(APP))
 
+from dashboard import experiments_groups as eg  # noqa: E402
 from dashboard import experiments_view as ev  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from experiments.table import aggregate, collect_runs  # noqa: E402
-
 METHODS = ("bsam", "sam", "sgd")
+EXPS = ("digits_clean", "digits_noise")
 DIV = {"step": 3, "epoch": 1, "loss": 1e9, "reference_loss": 2.3, "reason": "loss above 10 x reference"}
 
 
@@ -59,57 +62,127 @@ def _page(root: Path) -> AppTest:
     return at
 
 
-def test_two_experiments_one_row_per_method_and_noise(two_experiments):
+def _cli_table(capsys, run_dir: Path, fmt: str = "markdown") -> str:
+    """What ``python -m experiments table RUN_DIR --format FMT`` prints."""
+    from experiments.cli import main
+
+    capsys.readouterr()
+    assert main(["table", str(run_dir), "--format", fmt]) == 0
+    return capsys.readouterr().out
+
+
+def _markdown_rows(text: str) -> list[dict[str, str]]:
+    """The rows of a Markdown table printed by ``python -m experiments table``, by column name."""
+    lines = [ln for ln in text.splitlines() if ln.startswith("|") and not ln.startswith("|---")]
+    head, *rows = ([c.strip() for c in ln.strip("|").split(" | ")] for ln in lines)
+    return [dict(zip(head, r)) for r in rows]
+
+
+def _record_downloads(monkeypatch) -> dict[str, bytes]:
+    """file id -> bytes of every file the page hands to a download button (AppTest's media store)."""
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+
+    files: dict[str, bytes] = {}
+    load = MemoryMediaFileStorage.load_and_get_id
+
+    def recording(self, data, mimetype, kind, filename=None):
+        file_id = load(self, data, mimetype, kind, filename)
+        files[file_id] = data
+        return file_id
+
+    monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", recording)
+    return files
+
+
+def test_two_experiments_one_table_per_experiment(two_experiments, capsys, monkeypatch):
+    files = _record_downloads(monkeypatch)
     at = _page(two_experiments)
     _no_errors(at)
-    groups = [f"{m} [data.label_noise={n}]" for m in METHODS for n in ("0.0", "0.4")]
-    df = at.dataframe[0].value
-    assert list(df["method"]) == groups
-    assert list(df["seeds"]) == [2, 2, 2, 2, 2, 2]
-    assert list(df["diverged"]) == ["0 of 2"] * 5 + ["1 of 3"]
-    entries = aggregate(collect_runs([two_experiments]))
-    for i, e in enumerate(entries):
-        accs = [json.loads((Path(d) / "metrics.json").read_text())["accuracy"] for d in e["dirs"][:2]]
-        assert df["accuracy mean"].iloc[i] == pytest.approx(float(np.mean(accs)), rel=1e-12)
-        assert df["accuracy std"].iloc[i] == pytest.approx(float(np.std(accs, ddof=1)), rel=1e-12)
-        want = "digits_noise" if "0.4" in e["group"] else "digits_clean"
-        assert all(Path(d).parts[-3] == want for d in e["dirs"])
-    assert any("differ in: data.label_noise" in i.value for i in at.info)
-    failed = at.dataframe[1].value
-    assert list(failed["group"]) == ["sgd [data.label_noise=0.4]"] and list(failed["step"]) == [3]
+    assert [h.value for h in at.subheader][:2] == [f"Experiment {x}" for x in EXPS]
+    # one table per experiment, its cells those of `python -m experiments table <out_dir>/<name>`
+    for i, exp in enumerate(EXPS):
+        df = at.dataframe[i].value
+        cli = _markdown_rows(_cli_table(capsys, two_experiments / exp))
+        assert len(df) == len(cli) == 3
+        for col in df.columns:
+            assert [str(v) for v in df[col]] == [r[col] for r in cli], (exp, col)
+        assert list(df["method"]) == list(METHODS) and list(df["seeds"]) == [2, 2, 2]
+        # the means and sample stds of the completed seeds' metrics.json (the diverged seed 2 left out)
+        for j, m in enumerate(METHODS):
+            accs = [
+                json.loads((two_experiments / exp / m / f"seed{s}" / "metrics.json").read_text())["accuracy"]
+                for s in (0, 1)
+            ]
+            assert df["accuracy"].iloc[j] == f"{np.mean(accs):.4g} ± {np.std(accs, ddof=1):.2g}"
+        # its own CSV, with every metric: `python -m experiments table --format csv`
+        button = next(
+            b for b in at.get("download_button") if b.proto.label == f"download the table of {exp} (CSV)"
+        )
+        csv_text = files[Path(button.proto.url).stem].decode()
+        assert csv_text == _cli_table(capsys, two_experiments / exp, fmt="csv")
+    clean, noisy = at.dataframe[0].value, at.dataframe[1].value
+    assert "diverged" not in clean.columns
+    assert list(noisy["diverged"]) == ["0 of 2", "0 of 2", "1 of 3"]
+    # the line naming the setting in which the experiments differ: data.label_noise of their configs
+    for exp in EXPS:
+        cfg = tomllib.loads((two_experiments / exp / "sgd" / "seed0" / "config.toml").read_text())
+        line = f"Differs from the other experiments shown in: `data.label_noise={cfg['data']['label_noise']}`"
+        assert line in [m.value for m in at.markdown]
+    assert not any("same seed" in x.value or "twice" in x.value for x in [*at.warning, *at.info])
+    failed = at.dataframe[2].value
+    assert list(failed["group"]) == ["sgd"] and list(failed["step"]) == [3]
     assert list(failed["reason"]) == [DIV["reason"]] and list(failed["run"]) == ["digits_noise/sgd/seed2"]
-    # curves: one colour per table row (the clean rows keep the method colours), one line per run
+    # curves: one colour per (experiment, method) (the first experiment keeps the method colours),
+    # one line style per experiment, one line per completed run
     loss = next(
         json.loads(c.proto.spec)
         for c in at.get("plotly_chart")
         if json.loads(c.proto.spec)["layout"]["yaxis"]["title"]["text"] == "train_loss"
     )
-    colours = {tr["meta"]["method"]: tr["line"]["color"] for tr in loss["data"]}
-    assert set(colours) == set(groups) and len(set(colours.values())) == 6
-    assert colours["sgd [data.label_noise=0.0]"] == ev.color_of("sgd")
-    assert colours["bsam [data.label_noise=0.0]"] == ev.color_of("bsam")
     assert len(loss["data"]) == 12  # the diverged run has no log.jsonl
-    # the diagram's default: the first completed run of every row
-    rel = at.multiselect(key="exp_reliability").value
-    assert rel == [f"digits_{x}/{m}/seed0" for m in METHODS for x in ("clean", "noise")]
+    styles = {tr["meta"]["method"]: (tr["line"]["color"], tr["line"]["dash"]) for tr in loss["data"]}
+    assert set(styles) == {f"{x} · {m}" for x in EXPS for m in METHODS}
+    assert len({c for c, _ in styles.values()}) == 6
+    assert {m: styles[f"digits_clean · {m}"][0] for m in METHODS} == {m: ev.color_of(m) for m in METHODS}
+    assert {d for label, (_, d) in styles.items() if label.startswith("digits_clean")} == {"solid"}
+    assert {d for label, (_, d) in styles.items() if label.startswith("digits_noise")} == {"dash"}
+    for tr in loss["data"]:
+        exp, method = tr["meta"]["method"].split(" · ")
+        assert Path(tr["meta"]["run"]).parts[:2] == (exp, method)
+    # the diagram's default: the first completed run of every row, experiment by experiment
+    runs = at.multiselect(key=eg.state_key("exp_runs", str(two_experiments), list(EXPS))).value
+    rel = at.multiselect(key=eg.state_key("exp_reliability", str(two_experiments), runs)).value
+    assert rel == [f"{x}/{m}/seed0" for x in EXPS for m in METHODS]
 
 
 def test_another_directory_resets_the_selections(two_experiments, tmp_path):
     clean = tmp_path / "clean"
     shutil.copytree(two_experiments / "digits_clean", clean / "digits_clean")
+    root = str(two_experiments)
     at = _page(two_experiments)
-    runs = at.multiselect(key="exp_runs")
+    runs_key = eg.state_key("exp_runs", root, list(EXPS))
+    runs = at.multiselect(key=runs_key)
     assert len(runs.options) == 13 and runs.value == runs.options
-    at.multiselect(key="exp_runs").set_value(["digits_noise/sgd/seed0", "digits_noise/sgd/seed1"]).run()
-    at.multiselect(key="exp_reliability").set_value(["digits_noise/sgd/seed1"]).run()
+    noisy_sgd = ["digits_noise/sgd/seed0", "digits_noise/sgd/seed1"]
+    at.multiselect(key=runs_key).set_value(noisy_sgd).run()
+    rel_key = eg.state_key("exp_reliability", root, noisy_sgd)
+    at.multiselect(key=rel_key).set_value(["digits_noise/sgd/seed1"]).run()
     _no_errors(at)
-    assert list(at.dataframe[0].value["method"]) == ["sgd"]  # one setting chosen: no label needed
+    assert [h.value for h in at.subheader][0] == "Experiment digits_noise"
+    assert "Experiment digits_clean" not in [h.value for h in at.subheader]  # no run of it chosen
+    assert list(at.dataframe[0].value["method"]) == ["sgd"]
+    assert list(at.dataframe[-1].value["run"]) == ["digits_noise/sgd/seed1"]  # the reliability rows
     at.text_input(key="exp_root").set_value(str(clean)).run()
     _no_errors(at)
-    runs = at.multiselect(key="exp_runs")
+    keys = {m.key for m in at.multiselect}
+    assert not keys & {runs_key, rel_key, eg.state_key("exp_experiments", root)}  # none of the old
+    assert not any("digits_noise" in x for m in at.multiselect for x in [*m.options, *m.value])
+    runs = at.multiselect(key=eg.state_key("exp_runs", str(clean), ["digits_clean"]))
     assert runs.value == runs.options == [f"digits_clean/{m}/seed{s}" for m in METHODS for s in (0, 1)]
-    assert at.multiselect(key="exp_reliability").value == [f"digits_clean/{m}/seed0" for m in METHODS]
+    rel = at.multiselect(key=eg.state_key("exp_reliability", str(clean), runs.value))
+    assert rel.value == [f"digits_clean/{m}/seed0" for m in METHODS]
     assert list(at.dataframe[0].value["method"]) == list(METHODS)
-    at.text_input(key="exp_root").set_value(str(two_experiments)).run()
+    at.text_input(key="exp_root").set_value(root).run()
     _no_errors(at)
-    assert len(at.multiselect(key="exp_runs").value) == 13
+    runs = at.multiselect(key=runs_key)
+    assert len(runs.value) == 13 and runs.value == runs.options  # back: all runs again, not the two

@@ -18,9 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app"
 sys.path.insert(0, str(APP))
 
+from dashboard import experiments_groups as eg  # noqa: E402
+from dashboard import experiments_view as ev  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from experiments.table import aggregate, collect_runs  # noqa: E402
+from landscape import metrics as lm  # noqa: E402
 
 
 def _charts(at: AppTest) -> list[dict]:
@@ -45,6 +47,9 @@ def _frame(at: AppTest, i: int = 0):
 
 
 # ------------------------------------------------------------------------------ experiments
+
+EXP = "digits_sam_vs_sgd"
+PALETTE = {"sgd": "#bcbd22", "sam": "#d62728", "bsam": "#1f77b4"}
 
 
 @pytest.fixture(scope="module")
@@ -76,19 +81,83 @@ def _experiments_page(root: Path) -> AppTest:
     return at
 
 
-def test_experiments_table_equals_experiments_table(run_root):
+def _key(name: str, root: Path, *extra) -> str:
+    """The page's key of a widget that belongs to the directory ``root`` (and ``extra``)."""
+    return eg.state_key(name, str(root), *extra)
+
+
+def _cli_table(capsys, *runs: Path, fmt: str = "markdown") -> str:
+    """What ``python -m experiments table RUNS --format FMT`` prints."""
+    from experiments.cli import main
+
+    capsys.readouterr()
+    assert main(["table", *map(str, runs), "--format", fmt]) == 0
+    return capsys.readouterr().out
+
+
+def _markdown_rows(text: str) -> list[dict[str, str]]:
+    """The rows of a Markdown table printed by ``python -m experiments table``, by column name."""
+    lines = [ln for ln in text.splitlines() if ln.startswith("|") and not ln.startswith("|---")]
+    head, *rows = ([c.strip() for c in ln.strip("|").split(" | ")] for ln in lines)
+    return [dict(zip(head, r)) for r in rows]
+
+
+def _assert_cells_equal_cli(df, cli: list[dict[str, str]]) -> None:
+    """Every cell the page shows (method, seeds, diverged, "mean ± std" per metric) is the cell
+    ``python -m experiments table`` prints for that row and column."""
+    assert len(df) == len(cli)
+    for col in df.columns:
+        assert [str(v) for v in df[col]] == [r[col] for r in cli], col
+
+
+def _metric_cell(run_dirs: list[Path], metric: str) -> str:
+    """mean ± sample std (ddof = 1) of ``metric`` in the runs' metrics.json, 4 and 2 digits."""
+    vals = [json.loads((d / "metrics.json").read_text())[metric] for d in run_dirs]
+    return f"{np.mean(vals):.4g} ± {np.std(vals, ddof=1):.2g}"
+
+
+def _record_downloads(monkeypatch) -> dict[str, bytes]:
+    """file id -> bytes of every file the page hands to a download button (AppTest's media store)."""
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+
+    files: dict[str, bytes] = {}
+    load = MemoryMediaFileStorage.load_and_get_id
+
+    def recording(self, data, mimetype, kind, filename=None):
+        file_id = load(self, data, mimetype, kind, filename)
+        files[file_id] = data
+        return file_id
+
+    monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", recording)
+    return files
+
+
+def _download(at: AppTest, files: dict[str, bytes], label: str) -> bytes:
+    button = next(b for b in at.get("download_button") if b.proto.label == label)
+    return files[Path(button.proto.url).stem]
+
+
+def test_experiments_table_equals_experiments_table(run_root, capsys, monkeypatch):
+    files = _record_downloads(monkeypatch)
     at = _experiments_page(run_root)
     _no_errors(at)
-    assert len(at.multiselect(key="exp_runs").value) == 6
+    assert len(at.multiselect(key=_key("exp_runs", run_root, [EXP])).value) == 6
+    assert [h.value for h in at.subheader][0] == f"Experiment {EXP}"
+    # the table: the rows and cells `python -m experiments table <out_dir>/<name>` prints, the
+    # README's metrics by default
     df = _frame(at, 0)
-    entries = aggregate(collect_runs([run_root]))
-    assert list(df["method"]) == [e["group"] for e in entries]
-    for i, e in enumerate(entries):
-        assert df["seeds"].iloc[i] == e["n"] == 2
+    cli = _markdown_rows(_cli_table(capsys, run_root / EXP))
+    readme = ["accuracy", "nll", "ece", "brier", "auroc_misclassification"]
+    assert list(df.columns)[:7] == ["method", "seeds", *readme] and len(df.columns) == 8
+    _assert_cells_equal_cli(df, cli)
+    assert list(df["method"]) == ["bsam", "sam", "sgd"] and list(df["seeds"]) == [2, 2, 2]
+    for i, method in enumerate(df["method"]):
+        seeds = [run_root / EXP / method / f"seed{s}" for s in (0, 1)]
         for m in ("accuracy", "nll", "ece", "brier"):
-            assert df[f"{m} mean"].iloc[i] == pytest.approx(e["mean"][m], rel=0, abs=0)
-            vals = np.asarray(e["values"][m])
-            assert df[f"{m} std"].iloc[i] == pytest.approx(np.std(vals, ddof=1), rel=1e-12)
+            assert df[m].iloc[i] == _metric_cell(seeds, m)
+    # its CSV: every metric, as `python -m experiments table --format csv` writes it
+    csv_file = _download(at, files, f"download the table of {EXP} (CSV)")
+    assert csv_file.decode() == _cli_table(capsys, run_root / EXP, fmt="csv")
     # the training curves: one line per run, its y the log.jsonl values, coloured by method
     charts = _charts(at)
     loss = next(c for c in charts if c["layout"]["yaxis"]["title"]["text"] == "train_loss")
@@ -97,48 +166,87 @@ def test_experiments_table_equals_experiments_table(run_root):
         run = run_root / tr["meta"]["run"]
         logged = [json.loads(line)["train_loss"] for line in (run / "log.jsonl").read_text().splitlines()]
         assert _arr(tr["y"]).tolist() == logged
-    colours = {tr["meta"]["method"]: tr["line"]["color"] for tr in loss["data"]}
-    assert colours["sgd"] == "#bcbd22" and colours["sam"] == "#d62728" and colours["bsam"] == "#1f77b4"
+        assert tr["name"] == run.parent.name  # one experiment: the legend names the method alone
+    styles = {tr["meta"]["method"]: (tr["line"]["color"], tr["line"]["dash"]) for tr in loss["data"]}
+    assert styles == {m: (c, "solid") for m, c in PALETTE.items()}
     # the reliability rows: the recomputed ECE equals the ECE the runner recorded
     rel = _frame(at, 1)
-    assert len(rel) == 3  # one run per method by default
+    assert list(rel["run"]) == [f"{EXP}/{m}/seed0" for m in ("bsam", "sam", "sgd")]  # one run per row
     for _, row in rel.iterrows():
         assert row["ECE (recomputed)"] == pytest.approx(row["ECE (metrics.json)"], rel=1e-12)
 
 
-def test_experiments_changed_widgets(run_root):
+def test_experiments_changed_widgets(run_root, capsys):
     at = _experiments_page(run_root)
-    sgd_only = [o for o in at.multiselect(key="exp_runs").options if "/sgd/" in o]
-    at.multiselect(key="exp_runs").set_value(sgd_only).run()
+    runs_key = _key("exp_runs", run_root, [EXP])
+    sgd_only = [o for o in at.multiselect(key=runs_key).options if "/sgd/" in o]
+    assert len(sgd_only) == 2
+    at.multiselect(key=runs_key).set_value(sgd_only).run()
     _no_errors(at)
     df = _frame(at, 0)
-    assert list(df["method"]) == ["sgd"]
-    accs = [json.loads((run_root / o / "metrics.json").read_text())["accuracy"] for o in sgd_only]
-    assert df["accuracy mean"].iloc[0] == pytest.approx(float(np.mean(accs)), rel=1e-12)
-    at.multiselect(key="exp_curves").set_value(["test_nll", "lr"]).run()
-    at.select_slider(key="exp_bins").set_value(10).run()
-    at.multiselect(key="exp_reliability").set_value([]).run()
+    assert list(df["method"]) == ["sgd"] and list(df["seeds"]) == [2]
+    assert df["accuracy"].iloc[0] == _metric_cell([run_root / o for o in sgd_only], "accuracy")
+    _assert_cells_equal_cli(df, _markdown_rows(_cli_table(capsys, *(run_root / o for o in sgd_only))))
+    # the metrics selector: the columns shown are the chosen metrics, in the chosen order
+    metrics = at.multiselect(key=_key("exp_metrics", run_root))
+    everything = list(metrics.options)
+    metrics.set_value(["nll"]).run()
     _no_errors(at)
-    at.multiselect(key="exp_runs").set_value([]).run()
+    assert list(_frame(at, 0).columns) == ["method", "seeds", "nll"]
+    at.multiselect(key=_key("exp_metrics", run_root)).set_value(everything).run()
+    df = _frame(at, 0)
+    cli = _markdown_rows(_cli_table(capsys, *(run_root / o for o in sgd_only)))
+    assert list(df.columns) == list(cli[0])  # all metrics: every column of the command's table
+    _assert_cells_equal_cli(df, cli)
+    # other curves: one chart per chosen key, y the log.jsonl values
+    at.multiselect(key=_key("exp_curves", run_root)).set_value(["test_nll", "lr"]).run()
+    _no_errors(at)
+    charts = {c["layout"]["yaxis"]["title"]["text"]: c for c in _charts(at)}
+    assert {"test_nll", "lr"} <= set(charts) and "train_loss" not in charts
+    for tr in charts["lr"]["data"]:
+        logged = (run_root / tr["meta"]["run"] / "log.jsonl").read_text().splitlines()
+        assert _arr(tr["y"]).tolist() == [json.loads(line)["lr"] for line in logged]
+    # 10 bins: the diagram's ECE is the 10-bin ECE of the run's rebuilt model
+    rel_key = _key("exp_reliability", run_root, sgd_only)
+    assert at.multiselect(key=rel_key).value == [f"{EXP}/sgd/seed0"]
+    at.select_slider(key="exp_bins").set_value(10).run()
+    _no_errors(at)
+    probs, targets, _ = ev.run_probs(run_root / EXP / "sgd" / "seed0")
+    rows = _frame(at, 1)
+    assert list(rows["run"]) == [f"{EXP}/sgd/seed0"]
+    assert rows["ECE (recomputed)"].iloc[0] == pytest.approx(lm.ece(probs, targets, n_bins=10), rel=1e-12)
+    at.multiselect(key=rel_key).set_value([]).run()
+    _no_errors(at)
+    assert len(at.dataframe) == 1  # no reliability rows
+    at.multiselect(key=runs_key).set_value([]).run()
     _no_errors(at)
     assert any("Choose at least one run" in i.value for i in at.info)
 
 
-def test_experiments_another_directory_selects_all_its_runs(run_root, tmp_path):
+def test_experiments_another_directory_selects_all_its_runs(run_root, tmp_path, capsys):
     """Changing the directory does not carry the previous directory's run selection over (which
-    would leave nothing selected): the new directory's runs all start selected."""
+    would leave nothing selected): the new directory's runs all start selected, none of the old."""
     import shutil
 
     other = tmp_path / "other"
-    shutil.copytree(run_root / "digits_sam_vs_sgd" / "sgd", other / "sgd")
+    shutil.copytree(run_root / EXP / "sgd", other / "sgd")
     at = _experiments_page(run_root)
-    at.multiselect(key="exp_runs").set_value(at.multiselect(key="exp_runs").options[:1]).run()
+    old_keys = [_key("exp_runs", run_root, [EXP]), _key("exp_experiments", run_root)]
+    at.multiselect(key=old_keys[0]).set_value(at.multiselect(key=old_keys[0]).options[:1]).run()
+    _no_errors(at)
     at.text_input(key="exp_root").set_value(str(other)).run()
     _no_errors(at)
-    runs = at.multiselect(key="exp_runs")
-    assert runs.value == runs.options and len(runs.value) == 2
-    accs = [json.loads((other / o / "metrics.json").read_text())["accuracy"] for o in runs.value]
-    assert _frame(at, 0)["accuracy mean"].iloc[0] == pytest.approx(float(np.mean(accs)), rel=1e-12)
+    assert not set(old_keys) & {m.key for m in at.multiselect}  # the old directory's widgets are gone
+    # "other" is itself the experiment (its runs are other/sgd/seed<k>)
+    assert at.multiselect(key=_key("exp_experiments", other)).value == ["other"]
+    runs = at.multiselect(key=_key("exp_runs", other, ["other"]))
+    assert runs.value == runs.options == ["sgd/seed0", "sgd/seed1"]
+    shown = [x for m in at.multiselect for x in [*m.options, *m.value]]
+    assert not any(EXP in x for x in shown)
+    df = _frame(at, 0)
+    assert list(df["method"]) == ["sgd"]
+    assert df["accuracy"].iloc[0] == _metric_cell([other / o for o in runs.value], "accuracy")
+    _assert_cells_equal_cli(df, _markdown_rows(_cli_table(capsys, other)))
 
 
 def test_experiments_missing_directory(tmp_path):
