@@ -93,6 +93,7 @@ DEFAULTS: dict[str, Any] = {
         "compile": "off",  # torch.compile of the training forward/backward (experiments.train)
         "label_smoothing": 0.0,
         "drop_last": False,
+        "log_every": 0,  # optimizer diagnostics (opt.last) every N steps to steps.jsonl; 0 = off
         "optimizer_defaults": {},
     },
     "methods": [],
@@ -415,6 +416,7 @@ def _check_numbers(cfg: dict[str, Any]) -> None:
     for where, value, lo in (
         ("train.epochs", t["epochs"], 1),
         ("train.batch_size", t["batch_size"], 1),
+        ("train.log_every", t["log_every"], 0),
         ("evaluation.batch_size", e["batch_size"], 1),
         ("evaluation.n_bins", e["n_bins"], 1),
         ("evaluation.bma_samples", e["bma_samples"], 1),

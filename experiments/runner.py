@@ -154,8 +154,10 @@ _LATER_METHOD_KEYS = ("bayesian", "mc_dropout", "ensemble")
 _LATER_KEYS = {
     "data": {"allow_test_as_train": False},
     "distributed": {"sync_batchnorm": False},
-    "train": {"min_lr": 0.0, "divergence_factor": 10.0},
+    "train": {"min_lr": 0.0, "divergence_factor": 10.0, "compile": "off"},
 }
+#: keys of ``train`` that change no result (what is logged): never part of the hashed config
+_TRAIN_NOT_SEMANTIC = ("log_every",)
 _LATER_SWAG_KEYS = {"convention": "paper"}
 
 
@@ -177,6 +179,8 @@ def semantic_config(cfg: dict[str, Any]) -> dict[str, Any]:
     for table, defaults in _LATER_KEYS.items():
         if isinstance(out.get(table), dict):
             out[table] = _without_defaults(out[table], defaults)
+    if isinstance(out.get("train"), dict):
+        out["train"] = {k: v for k, v in out["train"].items() if k not in _TRAIN_NOT_SEMANTIC}
     if isinstance(out.get("methods"), list):
         out["methods"] = [_semantic_method(m) if isinstance(m, dict) else m for m in out["methods"]]
     return out

@@ -132,6 +132,8 @@ def check_model(cfg: dict[str, Any], model: nn.Module, contract: Any, data: RunD
 class Trainer:
     """Train and checkpoint one run in ``run_dir`` (see the module docstring)."""
 
+    step_log: Any = None  # train.log_every > 0, main rank: experiments.logs.StepLogger (set by fit)
+
     def __init__(
         self,
         cfg: dict[str, Any],
@@ -320,6 +322,8 @@ class Trainer:
             self.counters["step"] += 1
             if loss is not None:
                 losses.add(loss, self.counters["step"], len(idx))
+                if self.step_log is not None:
+                    self.step_log.record(self.counters["step"], self.opt)
             if (b + 1) % every and b + 1 < steps:
                 continue
             # one host read of the losses since the last one (not one per step)
@@ -385,7 +389,10 @@ class Trainer:
         self.restore()
         epochs = self.cfg["train"]["epochs"]
         every = self.cfg["evaluation"]["every"]
-        logger = EpochLogger(self.run_dir, start_epoch=self.counters["epoch"]) if self.ctx.is_main else None
+        kw = {"start_epoch": self.counters["epoch"], "start_step": self.counters["step"]}
+        kw["log_every"] = self.cfg["train"].get("log_every", 0)  # per-step optimizer diagnostics
+        logger = EpochLogger(self.run_dir, **kw) if self.ctx.is_main else None
+        self.step_log = logger.steps if logger is not None else None
         try:
             for epoch in range(self.counters["epoch"], epochs):
                 row = self._train_epoch(epoch)

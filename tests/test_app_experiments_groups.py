@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from experiments.toml_writer import dumps
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +49,9 @@ def two_experiments(tmp_path_factory) -> Path:
         assert main(["run", cfg, *args, *extra, f"out_dir={out}", "--no-progress"]) == 0
     src, bad = out / "digits_noise" / "sgd" / "seed1", out / "digits_noise" / "sgd" / "seed2"
     bad.mkdir()
-    (bad / "config.toml").write_text((src / "config.toml").read_text().replace("seeds = [1]", "seeds = [2]"))
+    cfg_text = tomllib.loads((src / "config.toml").read_text())
+    assert cfg_text["seeds"] == [1]
+    (bad / "config.toml").write_text(dumps({**cfg_text, "seeds": [2]}))
     (bad / "metrics.json").write_text(
         json.dumps({"method": "sgd", "seed": 2, "variant": "", "status": "diverged"})
     )

@@ -331,7 +331,8 @@ def test_the_cli_reports_a_bad_combination_in_one_line(tmp_path, capsys):
 
 def test_fingerprints_of_configs_without_the_new_keys_are_unchanged():
     """Runs fingerprinted before the method tables, sync_batchnorm, train.min_lr,
-    train.divergence_factor and the SWAG sampling convention existed are still recognised:
+    train.divergence_factor, train.compile, train.log_every and the SWAG sampling convention existed
+    are still recognised:
     the hash of a resolved config equals sha256 of the JSON of the same config without those keys
     (the earlier formula), and a configuration that uses one of them hashes differently."""
     import copy
@@ -347,6 +348,8 @@ def test_fingerprints_of_configs_without_the_new_keys_are_unchanged():
     del earlier["train"]["min_lr"]
     del earlier["data"]["allow_test_as_train"]
     del earlier["train"]["divergence_factor"]
+    del earlier["train"]["compile"]
+    del earlier["train"]["log_every"]
     del earlier["methods"][0]["swag"]["convention"]
     for key in ("bayesian", "mc_dropout", "ensemble"):
         del earlier["methods"][0][key]
@@ -368,8 +371,15 @@ def test_fingerprints_of_configs_without_the_new_keys_are_unchanged():
     unguarded = resolve_config(
         {"methods": [{"optimizer": "sam", "swag": {"rank": 3}}], "train": {"divergence_factor": 0}}
     )
-    variants = (cfg, other, synced, annealed, coded, unguarded)
-    assert len({fingerprint(c, training_only=False) for c in variants}) == 6
+    compiled = resolve_config(
+        {"methods": [{"optimizer": "sam", "swag": {"rank": 3}}], "train": {"compile": "default"}}
+    )
+    variants = (cfg, other, synced, annealed, coded, unguarded, compiled)
+    assert len({fingerprint(c, training_only=False) for c in variants}) == 7
+    logged = resolve_config(
+        {"methods": [{"optimizer": "sam", "swag": {"rank": 3}}], "train": {"log_every": 5}}
+    )
+    assert fingerprint(logged, training_only=False) == fingerprint(cfg, training_only=False)  # logging only
 
 
 def test_a_misconfigured_method_is_refused_before_any_run_of_the_grid_trains(tmp_path, capsys):

@@ -3,7 +3,7 @@ granulated tau of Jiang et al. 2020 ("Fantastic generalization measures", Sec. 4
 
 * :func:`kendall_tau_b`: ``tau_b = (C - D) / sqrt((n0 - n1)(n0 - n2))`` over the ``n0 = n(n-1)/2``
   pairs, ``C`` / ``D`` the concordant / discordant pairs, ``n1`` / ``n2`` the pairs tied in ``x`` /
-  ``y`` (Kendall 1945; the tau-b of ``scipy.stats.kendalltau``);
+  ``y`` (Kendall 1945), computed by ``scipy.stats.kendalltau`` (``variant="b"``);
 * :func:`bootstrap_tau`: percentile interval over resampled models (seeded);
 * :func:`granulated_tau`: for each hyperparameter axis ``i``, ``psi_i`` is the mean tau over the
   groups of models that agree on every other axis (only axis ``i`` varies in a group; Jiang et al.
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import scipy.stats
 
 __all__ = ["bootstrap_tau", "correlate", "granulated_tau", "kendall_tau_b"]
 
@@ -29,15 +30,10 @@ def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
         raise ValueError(f"x and y must be 1-D and equally long, got shapes {a.shape} and {b.shape}")
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         raise ValueError("x and y must be finite; drop the models with NaN/inf values first")
-    n = len(a)
-    if n < 2:
+    # n < 2 or a constant sequence: every pair tied, tau undefined (scipy would warn, then say NaN)
+    if len(a) < 2 or np.all(a == a[0]) or np.all(b == b[0]):
         return math.nan
-    iu = np.triu_indices(n, k=1)
-    sx = np.sign(a[:, None] - a[None, :])[iu]
-    sy = np.sign(b[:, None] - b[None, :])[iu]
-    num = float(np.sum(sx * sy))  # C - D
-    den = math.sqrt(float(np.count_nonzero(sx)) * float(np.count_nonzero(sy)))  # (n0-n1)(n0-n2)
-    return num / den if den > 0 else math.nan
+    return float(scipy.stats.kendalltau(a, b, variant="b").statistic)
 
 
 def bootstrap_tau(

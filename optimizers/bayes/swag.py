@@ -69,8 +69,36 @@ from optimizers.state import check_state_dict, tag_state_dict
 __all__ = ["SWAG", "bn_update", "f_swag", "has_batchnorm"]
 
 
-class SWAG:
+class _Shared:
+    """An attribute of the wrapped optimizer (``param_groups``, ``defaults``, ``state``), read and
+    written through to it, so that it stays shared even after ``optimizer.load_state_dict`` replaces
+    the wrapped optimizer's lists.  Before the wrapped optimizer is attached (inside
+    ``torch.optim.Optimizer.__init__``) the value lives on the instance."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.own = name, f"_own_{name}"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        inner = obj.__dict__.get("optimizer")
+        return getattr(inner, self.name) if inner is not None else obj.__dict__[self.own]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        inner = obj.__dict__.get("optimizer")
+        if inner is None:
+            obj.__dict__[self.own] = value
+        else:
+            setattr(inner, self.name, value)
+
+
+class SWAG(torch.optim.Optimizer):
     """SWAG / SWAG-Diag moment collector around any optimizer (Maddox et al. 2019, Alg. 1).
+
+    A ``torch.optim.Optimizer`` whose ``param_groups`` (and ``defaults``, ``state``) are the wrapped
+    optimizer's own objects, as :class:`optimizers.perturbation.PerturbationOptimizer` shares its
+    base optimizer's: an LR scheduler attached to the SWAG (``StepLR(swag, ...)``) changes the
+    learning rate the wrapped optimizer steps with.
 
     ``SWAG(optimizer, rank=20, collect_every=1, start_step=0, diag_only=False, var_clamp=1e-30,
     seed=None, generator=None, *, collect="step", start_epoch=161, convention="paper")``.
@@ -139,6 +167,10 @@ class SWAG:
                 "full SWAG needs rank >= 2 (the deviation term divides by K - 1); use diag_only=True"
             )
         check_nonneg("var_clamp", var_clamp)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        super().__init__([{"params": params}], {})  # validation, hooks; then _Shared groups
+        for name in ("param_groups", "defaults", "state"):
+            del self.__dict__[f"_own_{name}"]
         self.optimizer = optimizer
         self.rank = rank
         self.collect_mode = collect
@@ -148,7 +180,7 @@ class SWAG:
         self.diag_only = diag_only
         self.var_clamp = var_clamp
         self.convention = convention
-        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.params = params
         dev = self.params[0].device if self.params else None
         self.generator, self.seed = resolve_generator(seed, generator, dev)
         self.n_steps = 0
@@ -163,9 +195,29 @@ class SWAG:
                            convention=convention, seed=self.seed,
                            optimizer=type(optimizer).__name__)  # fmt: skip
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
+    param_groups = _Shared()
+    defaults = _Shared()
+    state = _Shared()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the whole object (torch's Optimizer pickles only defaults/state/param_groups), less an LR
+        # scheduler's per-instance ``step`` wrapper, which points back at this instance
+        return {k: v for k, v in self.__dict__.items() if k != "step"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group to the wrapped optimizer (only before any weights are collected)."""
+        if "optimizer" not in self.__dict__:  # inside torch.optim.Optimizer.__init__
+            super().add_param_group(param_group)
+            return
+        if self._mean is not None:
+            raise ValueError(
+                "SWAG.add_param_group: the moments are already collected over the old parameters"
+            )
+        self.optimizer.add_param_group(param_group)
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
