@@ -28,14 +28,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
+from landscape import _objective_func as OF
 from landscape import validation as V
 from landscape.data_fingerprint import DataFingerprint
 from landscape.guard import forked_rng, model_guard, tensor_slots
 from landscape.inputs import (
     Inputs,
-    _as_args,
     _is_single_batch,
     _map_inputs,
     _num_correct,
@@ -62,7 +61,7 @@ class Objective:
         loss_fn: ``loss_fn(outputs, targets) -> scalar``, mean- or sum-reduced.
         data: one ``(inputs, targets)`` batch or a re-iterable of batches (list, DataLoader);
             ``inputs`` is a tensor, a tuple of tensors (positional arguments) or a dict of tensors
-            (passed as one argument).  Inputs and targets are batch-first.  Every pass must yield the
+            (see ``input_mode``).  Inputs and targets are batch-first.  Every pass must yield the
             same examples in the same order (``landscape.data_fingerprint``): shuffle=False, no augmentation.
         params: ``None`` (all parameters that require grad), a name or list of names (a name may
             also be a module prefix such as ``"fc1"``, or another name of a tied parameter), a module
@@ -83,6 +82,11 @@ class Objective:
             every forward, making the objective a deterministic function (one fixed dropout mask per
             batch shape) whose products are reproducible.  The caller's RNG is not advanced.
         seed: the seed of ``stochastic="fixed"``.
+        input_mode: how dict inputs are passed: ``"positional"`` as one argument ``model(d)``,
+            ``"kwargs"`` as ``model(**d)`` (HuggingFace style), ``"auto"`` (default) as keywords when
+            every key names a parameter of ``model.forward``, else as one argument
+            (``docs/OBJECTIVE_API.md``).  Tensors and tuples are passed positionally.
+            ``loss``/``gradient`` are differentiable in the parameters passed (``torch.func``).
 
     Raises:
         TypeError: at construction, for inputs of the wrong kind, with a message naming the fix.
@@ -106,6 +110,7 @@ class Objective:
         output_fn: Callable[[Any], torch.Tensor] | None = None,
         stochastic: str | None = None,
         seed: int = 0,
+        input_mode: str = "auto",
     ) -> None:
         reduction = V.check_arguments(model, loss_fn, reduction, mode, dtype, output_fn, stochastic, seed)
         V.check_model(model)
@@ -117,6 +122,7 @@ class Objective:
         self.output_fn = output_fn
         self.stochastic = stochastic
         self.seed = seed
+        self.input_mode = input_mode
         self._param_spec = params
         self._check_determinism = check_determinism
 
@@ -155,7 +161,9 @@ class Objective:
         self._output_kind: str | None = None
         self._data = [tuple(data)] if _is_single_batch(data) else data
         self._fingerprint = DataFingerprint()  # recorded by the scan, checked by every pass of batches()
-        V.validate_first_batch(self, *scan_data(self, self._fingerprint.record))
+        first = scan_data(self, self._fingerprint.record)
+        self._kwargs_inputs = OF.resolve_input_mode(model, first[0], input_mode)
+        V.validate_first_batch(self, *first)
         if check_determinism:
             self.check_determinism()
 
@@ -295,7 +303,7 @@ class Objective:
             buffers = {n: t.clone() if n in self._mutated else t for n, t in buffers.items()}
         ps = full_params if self._pslots is None else {s: full_params[c] for s, c in self._pslots.items()}
         bs = buffers if self._bslots is None else {s: buffers[c] for s, c in self._bslots.items()}
-        return functional_call(self.model, (dict(ps), dict(bs)), _as_args(inputs), tie_weights=False)
+        return OF.call_forward(self.model, dict(ps), dict(bs), inputs, self._kwargs_inputs)
 
     def _pick_output(self, out: Any, first: bool = False) -> torch.Tensor:
         kind = self._output_kind
@@ -343,18 +351,19 @@ class Objective:
         V.require_fixed(self, what, per_example)
 
     def loss(self, params: Any = None) -> torch.Tensor:
-        """Whole-dataset loss ``sum_k w_k loss_fn(f(X_k), y_k)`` (a 0-d tensor, no graph kept)."""
-        with self.guard(), torch.no_grad():
-            full, bufs = self._merge(params), self.buffers()
-            total = torch.zeros((), dtype=self.dtype, device=self.device)
-            for k, (x, y, w) in enumerate(self.batches()):
-                lk = self._batch_loss(full, bufs, x, y, w)
-                self._check_finite(lk, k, full)
-                total = total + lk
-            return self._all_reduce(total)
+        """Whole-dataset loss ``sum_k w_k loss_fn(f(X_k), y_k)`` (a 0-d tensor).  No graph is kept,
+        except under ``torch.func`` transforms or for parameters that require grad: then it is a
+        differentiable function of ``params`` (``docs/OBJECTIVE_API.md``)."""
+        if OF.tracked(params):
+            return OF.loss(self, params)
+        with torch.no_grad():
+            return self._all_reduce(OF.loss(self, params, differentiable=False))
 
     def loss_and_gradient(self, params: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Whole-dataset loss and its gradient ``[p]`` w.r.t. the selected parameters."""
+        """Whole-dataset loss and its gradient ``[p]`` w.r.t. the selected parameters (differentiable
+        in ``params`` as :meth:`loss` is)."""
+        if OF.tracked(params):
+            return OF.loss_and_gradient(self, params)
         with self.guard():
             full = self._merge(params)
             leaves = {n: full[n].detach().requires_grad_(True) for n in self.param_names}
@@ -384,6 +393,7 @@ class Objective:
 
     def evaluate(self, params: Any = None) -> dict[str, float | None]:
         """``dict(loss=..., accuracy=...)``; accuracy for class-label or 0/1 targets, else ``None``."""
+        OF.refuse_transform("evaluate", "it returns Python floats; use obj.loss(params)")
         with self.guard(), torch.no_grad():
             full, bufs = self._merge(params), self.buffers()
             total = torch.zeros((), dtype=self.dtype, device=self.device)
@@ -426,6 +436,7 @@ class Objective:
             output_fn=self.output_fn,
             stochastic=self.stochastic,
             seed=self.seed,
+            input_mode=self.input_mode,
         )
 
     def subset(self, params: ParamSelection) -> Objective:
@@ -464,6 +475,7 @@ class Objective:
             "random_forward": self.random_forward,
             "stochastic": self.stochastic,
             "seed": self.seed if self.stochastic == "fixed" else None,
+            "input_mode": "kwargs" if self._kwargs_inputs else "positional",
         }
 
     def __repr__(self) -> str:

@@ -19,6 +19,13 @@ parameters when the operator is built, or ``params=``), for the whole-dataset lo
 
 Every operator exposes ``shape``, ``dtype``, ``device``, ``@``, ``matvec``, ``matmat``, ``to_scipy``,
 ``to_dense``, ``objective``, ``matvecs`` (count of matrix-vector products) and ``config()``.
+
+Dtypes are never mixed silently: ``op @ v`` needs ``v.dtype == op.dtype`` and returns that dtype; any
+other dtype (a float64 vector on a float32 operator, or the reverse) raises ``TypeError`` naming both
+and the fix (``v.to(op.dtype)``, or an ``Objective(..., dtype=...)`` of the vector's dtype), as
+``torch.matmul`` refuses mixed dtypes.  ``to_scipy()`` is the one explicit cast: scipy's float64
+vectors are cast to ``op.dtype`` for the product and the result back to float64.  Vectors on
+another device are moved to ``op.device``.
 """
 
 from __future__ import annotations
@@ -199,7 +206,8 @@ class CurvatureOperator:
 
     # ------------------------------------------------------------------ public
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
-        """``A @ V`` for ``V`` of shape ``[p, k]`` (summed over ranks under torch.distributed)."""
+        """``A @ V`` for ``V`` of shape ``[p, k]`` and dtype ``self.dtype`` (summed over ranks under
+        torch.distributed)."""
         p = self.shape[0]
         if not isinstance(V, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor of shape [{p}, k], got {type(V).__name__}")
@@ -207,7 +215,8 @@ class CurvatureOperator:
             raise ValueError(
                 f"expected a block of shape [{p}, k] (the operator is {p} x {p}), got {tuple(V.shape)}"
             )
-        V = V.to(device=self.device, dtype=self.dtype)
+        self._check_dtype(V, "block")
+        V = V.to(device=self.device)
         if V.shape[1] == 0:
             return V.clone()
         if not _all_finite(V):
@@ -240,12 +249,22 @@ class CurvatureOperator:
             "overflow in float32); check the model at this point or use dtype=torch.float64"
         )
 
+    def _check_dtype(self, V: torch.Tensor, what: str) -> None:
+        """Refuse a vector/block of another dtype than the operator's (no silent cast)."""
+        if V.dtype != self.dtype:
+            raise TypeError(
+                f"the {self.name} operator is {self.dtype} but the {what} multiplied by it is {V.dtype}: "
+                f"mixed dtypes are not cast silently; cast the {what} explicitly (v.to(op.dtype)), or "
+                f"build the operator from an Objective(..., dtype={V.dtype}) to compute in {V.dtype}"
+            )
+
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
-        """``A @ v`` for ``v`` of shape ``[p]``."""
+        """``A @ v`` for ``v`` of shape ``[p]`` and dtype ``self.dtype``."""
         p = self.shape[0]
         if not isinstance(v, torch.Tensor) or v.ndim != 1 or v.shape[0] != p:
             got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
             raise ValueError(f"expected a vector of shape [{p}] (the operator is {p} x {p}), got {got}")
+        self._check_dtype(v, "vector")
         return self.matmat(v.reshape(-1, 1)).reshape(-1)
 
     def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
@@ -254,15 +273,16 @@ class CurvatureOperator:
         return self.matmat(v)
 
     def to_scipy(self):
-        """A ``scipy.sparse.linalg.LinearOperator`` (float64 numpy in and out)."""
+        """A ``scipy.sparse.linalg.LinearOperator`` (float64 numpy in and out; the vectors are cast to
+        ``self.dtype`` for the product, so a float32 operator computes in float32)."""
         from scipy.sparse.linalg import LinearOperator
 
         def mv(x: np.ndarray) -> np.ndarray:
-            t = torch.as_tensor(np.asarray(x, dtype=np.float64).reshape(-1))
+            t = torch.as_tensor(np.asarray(x, dtype=np.float64).reshape(-1)).to(self.dtype)
             return self.matvec(t).detach().to("cpu", torch.float64).numpy()
 
         def mm(X: np.ndarray) -> np.ndarray:
-            t = torch.as_tensor(np.asarray(X, dtype=np.float64))
+            t = torch.as_tensor(np.asarray(X, dtype=np.float64)).to(self.dtype)
             return self.matmat(t).detach().to("cpu", torch.float64).numpy()
 
         return LinearOperator(self.shape, matvec=mv, rmatvec=mv, matmat=mm, dtype=np.float64)

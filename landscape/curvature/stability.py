@@ -133,4 +133,4 @@ class Preconditioned:
 
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
         DV = self.d[:, None] * V.to(dtype=torch.float64)
-        return self.d[:, None] * self.H.matmat(DV).to(torch.float64)
+        return self.d[:, None] * self.H.matmat(DV.to(self.H.dtype)).to(torch.float64)

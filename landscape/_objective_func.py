@@ -1,0 +1,237 @@
+"""The :class:`~landscape.Objective` as a differentiable function of the parameters passed to it, and
+how a batch's inputs reach the model's forward.
+
+Differentiable evaluation
+-------------------------
+``obj.loss(w)`` is the whole-dataset loss
+
+.. math::  L(w) = \\sum_k w_k \\, \\ell\\big(f(X_k; \\theta(w)), y_k\\big),
+
+where ``theta(w)`` is the model's parameters with the selected ones replaced by ``w``'s entries
+(``obj.unflatten``; the others and the buffers are the model's current values, as constants).
+The default (eager) evaluation runs under ``torch.no_grad()``: no graph is built.  When the
+evaluation has to be differentiable, i.e.
+
+* inside a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ``jacfwd``, ``hessian``,
+  ``jvp``, ``vjp``; any level of nesting), or
+* eagerly, with grad mode on and a parameter tensor passed that requires grad (autograd,
+  ``torch.autograd.functional.hessian``),
+
+the functions here compute the same sum through ``torch.func.functional_call`` on the tensors
+passed in (nothing is detached, nothing written in place), so ``torch.func.grad(obj.loss)(w)``,
+``torch.func.hessian(obj.loss)(w)`` and ``torch.func.vmap(obj.loss)(W)`` are the gradient,
+Hessian and batched values of ``L``.  A data set of several batches is still one function (the sum
+above); its graph spans every batch, so for large data prefer ``obj.gradient`` and the curvature
+operators.  ``obj.gradient(w)`` is ``sum_k grad_w L_k(w)`` by ``torch.func.grad_and_value`` per
+batch, itself differentiable (``torch.func.jacrev(obj.gradient)`` is the Hessian).
+
+Under a transform, values cannot be inspected (``vmap`` forbids data-dependent control flow), so
+the non-finite checks of the eager path are replaced by the data check made at construction (a
+batch whose inputs/targets hold NaN/inf raises); NaN/inf parameters give NaN values.  Every call
+runs inside ``obj.guard()``: the caller's model is bit-identical afterwards, also when it raises.
+Cannot be differentiated: ``evaluate`` (Python floats) and a ``DistributedObjective`` (the
+all-reduce across ranks detaches); both raise naming the alternative.
+
+Inputs as keyword arguments
+---------------------------
+``input_mode`` decides how a batch's ``inputs`` are passed (:func:`resolve_input_mode`): a tensor
+as ``model(x)``, a tuple/list as ``model(*x)``, and a dict either as one argument ``model(d)``
+(``"positional"``) or as keyword arguments ``model(**d)`` (``"kwargs"``, HuggingFace style:
+``forward(input_ids, attention_mask)``).  ``"auto"`` (the default) passes a dict as keywords when
+every key names a parameter of ``model.forward`` that can be given by keyword and the keys bind to
+its signature, else as one argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from landscape import validation as V
+from landscape.inputs import _as_args, data_issue_message
+
+__all__ = [
+    "in_transform",
+    "tracked",
+    "loss",
+    "loss_and_gradient",
+    "refuse_transform",
+    "resolve_input_mode",
+    "call_forward",
+]
+
+INPUT_MODES = ("auto", "positional", "kwargs")
+
+
+def in_transform() -> bool:
+    """True inside a ``torch.func`` transform (grad, vmap, jvp, ...), at any nesting level."""
+    ft = torch._C._functorch
+    peek = getattr(ft, "peek_interpreter_stack", None)
+    if peek is not None:
+        return peek() is not None
+    return ft.maybe_current_level() is not None  # pragma: no cover - older/newer private API
+
+
+def tracked(params: Any) -> bool:
+    """Whether an evaluation at ``params`` must be differentiable (see the module docstring)."""
+    if in_transform():
+        return True
+    if not torch.is_grad_enabled():
+        return False
+    if isinstance(params, torch.Tensor):
+        return params.requires_grad
+    if isinstance(params, Mapping):
+        return any(isinstance(t, torch.Tensor) and t.requires_grad for t in params.values())
+    return False
+
+
+def refuse_transform(what: str, fix: str) -> None:
+    """Raise for a method that cannot run inside a ``torch.func`` transform."""
+    if in_transform():
+        raise RuntimeError(
+            f"Objective.{what} cannot run inside a torch.func transform (grad/vmap/jacrev/...): {fix}"
+        )
+
+
+def _check_differentiable(obj: Any, what: str) -> None:
+    # a subclass that sums across ranks (DistributedObjective) overrides Objective._all_reduce
+    owner = next(c for c in type(obj).__mro__ if "_all_reduce" in vars(c))
+    if owner.__module__ != "landscape.objective":
+        raise RuntimeError(
+            f"{type(obj).__name__}.{what} cannot be differentiated (torch.func transform, or a parameter "
+            "tensor that requires grad): the sum across ranks (torch.distributed.all_reduce) detaches "
+            "its input. For values pass a tensor that does not require grad; for derivatives call "
+            "obj.gradient() outside any transform, or the curvature operators (ls.hessian(obj), ...), "
+            "which reduce across ranks themselves; or differentiate a plain landscape.Objective"
+        )
+
+
+def _check_data(obj: Any, k: int) -> None:
+    """Batch ``k``'s inputs/targets are finite (recorded by the construction scan)."""
+    issue = obj._data_issues.get(k)
+    if issue:
+        raise ValueError(data_issue_message(k, issue))
+
+
+@contextlib.contextmanager
+def _explain_vmap_batchnorm(obj: Any) -> Iterator[None]:
+    try:
+        yield
+    except RuntimeError as err:
+        if "running_mean or running_var" not in str(err):
+            raise
+        raise RuntimeError(
+            f"vmap over the parameters of a model with BatchNorm in mode={obj.mode!r} is not supported: "
+            "BatchNorm updates its running statistics in place (in copies here), which vmap refuses for "
+            "batched parameters; use Objective(..., mode='eval'), or evaluate the parameter vectors one "
+            "by one (torch.func.grad/jacrev/hessian work in train mode)"
+        ) from err
+
+
+def loss(obj: Any, params: Any, differentiable: bool = True) -> torch.Tensor:
+    """``sum_k w_k loss_fn(f(X_k; theta(params)), y_k)`` on this process's data, differentiable in
+    ``params`` (the caller runs it under ``torch.no_grad()`` and sums across ranks when it need not
+    be: ``differentiable=False``).  Eagerly every batch loss is checked to be finite; under a
+    transform (values cannot be read) batches whose data is not finite are refused instead."""
+    if differentiable:
+        _check_differentiable(obj, "loss")
+    eager = not in_transform()
+    with obj.guard(), _explain_vmap_batchnorm(obj):
+        full, bufs = obj._merge(params), obj.buffers()
+        total = torch.zeros((), dtype=obj.dtype, device=obj.device)
+        for k, (x, y, w) in enumerate(obj.batches()):
+            if not eager:
+                _check_data(obj, k)
+            lk = obj._batch_loss(full, bufs, x, y, w)
+            if eager:
+                obj._check_finite(lk, k, full)
+            total = total + lk
+        return total
+
+
+def loss_and_gradient(obj: Any, params: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(L, grad L)`` at ``params`` with ``grad L = sum_k grad L_k`` (``torch.func.grad_and_value``
+    per batch), both differentiable in ``params``."""
+    _check_differentiable(obj, "gradient")
+    eager = not in_transform()
+    with obj.guard(), _explain_vmap_batchnorm(obj):
+        full, bufs = obj._merge(params), obj.buffers()
+        vec = obj.flatten(full)  # the selected entries, as a function of what was passed
+
+        def batch_loss(v: torch.Tensor, x: Any, y: torch.Tensor, w: float) -> torch.Tensor:
+            return obj._batch_loss({**full, **obj.unflatten(v)}, bufs, x, y, w)
+
+        total = torch.zeros((), dtype=obj.dtype, device=obj.device)
+        grad = torch.zeros(obj.num_params, dtype=obj.dtype, device=obj.device)
+        for k, (x, y, w) in enumerate(obj.batches()):
+            if not eager:
+                _check_data(obj, k)
+            gk, lk = torch.func.grad_and_value(batch_loss)(vec, x, y, w)
+            if eager:
+                obj._check_finite(lk, k, full)
+                V.check_gradient(obj.param_names, list(obj.unflatten(gk).values()), k, lk)
+            total = total + lk
+            grad = grad + gk
+        return total, grad
+
+
+# --------------------------------------------------------------------------------------------
+# how inputs are passed to the forward
+# --------------------------------------------------------------------------------------------
+def _binds_as_keywords(model: nn.Module, keys: list[str]) -> bool:
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # builtins, some scripted modules: no signature
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = {n for n, p in sig.parameters.items() if p.kind in kinds}
+    if not all(isinstance(k, str) and k in named for k in keys):
+        return False
+    try:
+        sig.bind(**dict.fromkeys(keys))
+    except TypeError:
+        return False
+    return True
+
+
+def resolve_input_mode(model: nn.Module, inputs: Any, input_mode: str) -> bool:
+    """Whether dict inputs are passed as keyword arguments (``model(**inputs)``), decided on the first
+    batch's ``inputs`` (see the module docstring)."""
+    if input_mode not in INPUT_MODES:
+        raise ValueError(f"input_mode must be one of {list(INPUT_MODES)}, got {input_mode!r}")
+    is_dict = isinstance(inputs, Mapping)
+    if input_mode == "kwargs" and not is_dict:
+        raise TypeError(
+            f"input_mode='kwargs' calls model(**inputs), but the first batch's inputs are a "
+            f"{type(inputs).__name__}, not a dict of tensors; use input_mode='auto'"
+        )
+    if input_mode == "auto":
+        return is_dict and _binds_as_keywords(model, list(inputs))
+    return input_mode == "kwargs"
+
+
+def call_forward(model: nn.Module, params: dict, buffers: dict, inputs: Any, kwargs_inputs: bool) -> Any:
+    """``functional_call`` of ``model`` on ``inputs`` (``kwargs_inputs``: a dict as ``model(**d)``).
+    A dict passed as one argument that does not fit the forward's signature gets a hint naming
+    ``input_mode='kwargs'``."""
+    if kwargs_inputs and isinstance(inputs, Mapping):
+        return functional_call(model, (params, buffers), (), dict(inputs), tie_weights=False)
+    try:
+        return functional_call(model, (params, buffers), _as_args(inputs), tie_weights=False)
+    except TypeError as err:
+        text = str(err)
+        if not isinstance(inputs, Mapping) or not (
+            "positional argument" in text or "keyword argument" in text
+        ):
+            raise
+        raise TypeError(  # the hint first: the validation pass keeps the first 300 characters
+            "the dict of inputs was passed as one argument, model(inputs); if the forward takes its "
+            f"keys {list(inputs)} as keyword arguments, pass Objective(..., input_mode='kwargs') to "
+            f"call model(**inputs) ({text.strip()})"
+        ) from err
