@@ -17,14 +17,17 @@ Three engines compute ``H V`` for a block of probes ``V`` (``[p, k]``) with
   error ``O(h^2)``: a cross-check, not an engine for production.
 
 ``engine="auto"`` uses double backward with a cached graph on CPU (fastest there: measured 0.9-1.0x
-PyHessian's per-HVP time; the graph split by examples, below);
-on a GPU it uses double backward for blocks of fewer than
-``AUTO_BLOCK = 8`` vectors and forward-over-reverse (vmapped probes) for larger blocks (H100,
-float32: ResNet-20 on 128 CIFAR-shaped images, one vector: 3.1x a gradient vs 9.4x; an MLP with
-16 probes: 0.36x vs 0.98x a gradient per probe). When forward-mode AD or ``vmap`` is
-not supported by the model/loss (e.g. ``jvp`` through ``mse_loss(reduction="mean")`` raises
-"ZeroTensors are immutable" in torch 2.13) the failure is detected once and the engine falls back
-to double backward; ``engine_used`` and ``fallback_reason`` record what ran.
+PyHessian's per-HVP time; the graph split by examples, below), without spending products on a
+calibration unless ``calibrate=True``. On any other device it *measures*: the first block of each
+width (one vector / several) runs both engines, untimed then timed, and the faster is kept
+(``landscape.curvature.autotune``; timings, choice and the calibration's products in ``config()``).
+For reference, an H100 in float32 gave: ResNet-20 on 128 CIFAR-shaped images, one vector, 3.1x a
+gradient (double backward) vs 9.4x (forward-over-reverse); an MLP with 16 probes: 0.98x vs 0.36x a
+gradient per probe; the fixed rule used before (``AUTO_BLOCK``) applies with ``calibrate=False``.
+When forward-mode AD or ``vmap`` is not supported by the model/loss (e.g. ``jvp`` through
+``mse_loss(reduction="mean")`` raises "ZeroTensors are immutable" in torch 2.13) the failure is
+detected once and the engine falls back to double backward; ``engine_used`` and
+``fallback_reason`` record what ran.
 
 **Split graphs.** A cached graph holds the forward activations and the first backward's tensors
 ``S`` between products, and the second backward adds the adjoints of every forward activation at
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from typing import Any
 
 import torch
@@ -55,6 +59,7 @@ import torch.autograd.forward_ad as fwAD
 from torch.func import grad as func_grad
 from torch.func import jvp, vmap
 
+from landscape.curvature.autotune import PathTimer, width_class
 from landscape.curvature.base import product_kernels, saved_tensor_bytes
 from landscape.inputs import _map_inputs
 from landscape.objective import Objective
@@ -100,9 +105,17 @@ class HVPEngine:
         fd_eps: float | None = None,
         copy: bool = True,
         graph_chunks: int | str = "auto",
+        calibrate: bool | str = "auto",
+        timer: Any = None,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if calibrate not in (True, False, "auto"):
+            raise ValueError(f"calibrate must be True, False or 'auto', got {calibrate!r}")
+        if calibrate is True and engine != "auto":
+            raise ValueError(
+                f"calibrate=True times the engines against each other: use engine='auto', not {engine!r}"
+            )
         if graph_chunks != "auto" and (
             isinstance(graph_chunks, bool) or not isinstance(graph_chunks, int) or graph_chunks < 1
         ):
@@ -133,6 +146,17 @@ class HVPEngine:
             self.engine_used = "double_backward" if objective.device.type == "cpu" else "forward_over_reverse"
         else:
             self.engine_used = engine
+        # engine="auto" on an accelerator (or calibrate=True): the engines timed on the first block
+        # of each width, the fastest kept (curvature.autotune); on a CPU the measured default
+        # (double backward) without calibration products, unless asked
+        timed = engine == "auto" and (
+            calibrate is True or (calibrate == "auto" and objective.device.type != "cpu")
+        )
+        self.calibrate = bool(timed)
+        self._paths: PathTimer | None = None
+        if timed:
+            clock = time.perf_counter if timer is None else timer
+            self._paths = PathTimer(("double_backward", "forward_over_reverse"), objective.device, clock)
 
     # ------------------------------------------------------------------ helpers
     def _split(self, V: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -149,7 +173,7 @@ class HVPEngine:
         return torch.cat([d[n].reshape(k, -1) for n in self.objective.param_names], dim=1).T
 
     def config(self) -> dict[str, Any]:
-        return {
+        out = {
             "engine": self.engine,
             "engine_used": self.engine_used,
             "fallback_reason": self.fallback_reason,
@@ -158,11 +182,24 @@ class HVPEngine:
             "graph_chunks": self.graph_chunks,
             "graph_chunks_used": self.graph_chunks_used,
             "graph_chunks_reason": self.graph_chunks_reason,
+            "calibrate": self.calibrate,
         }
+        if self._paths is not None:
+            out.update(self._paths.config())
+        return out
+
+    def _run_path(self, path: str, V: torch.Tensor) -> torch.Tensor:
+        return self._forward_over_reverse(V) if path == "forward_over_reverse" else self._double_backward(V)
 
     # ------------------------------------------------------------------ public
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
         """``H @ V`` for ``V`` of shape ``[p, k]`` (local data; no all-reduce here)."""
+        if self._paths is not None:
+            with self.objective._evaluating(), product_kernels():
+                out = self._paths.run(V, self._run_path)
+            self.engine_used = self._paths.choice[width_class(int(V.shape[1]))]
+            self.fallback_reason = self._paths.failed.get("forward_over_reverse")
+            return out
         if self.engine == "auto" and self.objective.device.type != "cpu" and self.fallback_reason is None:
             self.engine_used = "forward_over_reverse" if V.shape[1] >= AUTO_BLOCK else "double_backward"
         with self.objective._evaluating(), product_kernels():

@@ -27,6 +27,7 @@ class HessianOperator(CurvatureOperator):
         cache_graph: bool | str = "auto",
         fd_eps: float | None = None,
         graph_chunks: int | str = "auto",
+        calibrate: bool | str = "auto",
     ) -> None:
         super().__init__(objective, params)
         self.engine = HVPEngine(
@@ -37,6 +38,7 @@ class HessianOperator(CurvatureOperator):
             cache_graph=cache_graph,
             fd_eps=fd_eps,
             graph_chunks=graph_chunks,
+            calibrate=calibrate,
             copy=False,  # the operator's own private copies: no second copy of the point
         )
 
@@ -61,9 +63,12 @@ def hessian(
     cache_graph: bool | str = "auto",
     fd_eps: float | None = None,
     graph_chunks: int | str = "auto",
+    calibrate: bool | str = "auto",
 ) -> HessianOperator:
     """The Hessian of the whole-dataset loss as a :class:`CurvatureOperator` (see ``curvature.engines``;
-    ``graph_chunks``: the cached graph as sub-graphs over the examples, for lower peak memory)."""
+    ``graph_chunks``: the cached graph as sub-graphs over the examples, for lower peak memory;
+    ``calibrate``: with ``engine="auto"``, time the engines on the first blocks and keep the fastest
+    -- ``"auto"``: on accelerators, not on a CPU)."""
     return HessianOperator(
         objective,
         params,
@@ -72,6 +77,7 @@ def hessian(
         cache_graph=cache_graph,
         fd_eps=fd_eps,
         graph_chunks=graph_chunks,
+        calibrate=calibrate,
     )
 
 
