@@ -151,18 +151,14 @@ def test_fsam_reduced_steps_decide_the_basin():
         assert short == full and float(eig.min()) > 1e-4, kind
 
 
-def test_vsam_fig1_claim_smoothing_shrinks_the_sharp_basin():
-    P = figures.vsam_panels(48)
-    prob = tp.get("gaussian_mixture")
-    st = {k: vsam._basin_stats(P["xs"], P["ys"], P[k], prob) for k in "ABC"}
-    # A: the sharp minimum is deeper than the flat one and has a sizeable basin
-    assert st["A"]["sharp_minus_flat"] < -0.05
-    assert st["A"]["sharp"]["area_fraction"] > 0.3
-    for k in "BC":  # smoothing (B) and the exact worst case (C) shrink its basin and its depth advantage
-        assert st[k]["sharp"]["area_fraction"] < st["A"]["sharp"]["area_fraction"]
-        assert st[k]["sharp_minus_flat"] > st["A"]["sharp_minus_flat"] + 0.05
-        assert st[k]["flat"]["area_fraction"] > 0.5
-    assert st["C"]["sharp_minus_flat"] > 0  # the worst case makes the sharp minimum the worse one
+def test_vsam_panels_drawn_where_defined():
+    # the VSAM Fig. 1 claims (basins of gradient flow, minima) are in test_vsam_basins.py
+    P = figures.vsam_panels(24)
+    band = P["ys"][:, None] > figures.VSAM_RHO
+    for k in "BC":
+        assert np.isfinite(P[k][np.broadcast_to(band, P[k].shape)]).all()
+        assert np.isnan(P[k][np.broadcast_to(~band, P[k].shape)]).all()
+    assert np.isfinite(P["A"]).all() and np.isfinite(P["D"]).all()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -219,10 +215,9 @@ def test_figures_command_quick_subset(tmp_path):
     assert f1["paper"]["sharp"]["loss"] == 0.49
     v = json.loads((tmp_path / "vsam_fig1.json").read_text())
     assert v["rho"] == 8.0 and "Gauss-Hermite" in v["smoothing"]
-    assert (
-        v["panels"]["C"]["basins"]["sharp"]["area_fraction"]
-        < v["panels"]["A"]["basins"]["sharp"]["area_fraction"]
-    )
+    assert v["n_starts"] == list(vsam.VSAM_STARTS_REDUCED)  # reduced mode: fewer starts
+    # the worst case (C) shrinks the sharp basin of gradient flow against the loss on the same band
+    assert v["panels"]["C"]["sharp"]["share"] < v["panels"]["A"]["on_band_sigma_gt_rho"]["sharp"]["share"]
     with pytest.raises(SystemExit):
         main(["figures", "--out", str(tmp_path), "--only", "nope"])
 
