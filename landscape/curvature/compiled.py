@@ -273,6 +273,10 @@ class CompiledOperator(CurvatureOperator):
             "verify_error": self.verify_error,
             "product": "forward_over_reverse" if isinstance(self.eager, HessianOperator) else "jvp_h_vjp",
             "output_hessian": self.output_hessian_kind,
+            # float32 on CUDA: TF32 convolutions / matmuls round to a 10-bit mantissa, differently in
+            # the eager and the compiled graph (README, "Curvature"); False for float32-exact runs
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
             "eager": {k: v for k, v in self.eager.config().items() if k != "objective"},
         }
 
