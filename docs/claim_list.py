@@ -46,6 +46,9 @@ MINIATURE_INPUTS = (
     "docs/make_miniatures.py",
 )
 LN4, LN6 = "label_noise=0.4", "label_noise=0.6"
+#: ``experiments run`` exits with 3 when a run diverged and was recorded (one G-TRACER seed does,
+#: as docs/miniatures.md reports); the tables are made all the same
+MINIATURE_STATUS = (0, 3)
 BENCH_NOTE = (
     "a measurement (timings on a shared machine): checked against its JSON, not re-run; regenerate "
     "with python benchmarks/bench_training.py"
@@ -183,6 +186,7 @@ CLAIMS = [
         inputs=MINIATURE_INPUTS,
         rerun=MINIATURE_RUN,
         tolerance=0.01,
+        ok_status=MINIATURE_STATUS,
     ),
     Claim(
         id="miniatures.bsam_point_accuracy_60",
@@ -196,6 +200,7 @@ CLAIMS = [
         inputs=MINIATURE_INPUTS,
         rerun=MINIATURE_RUN,
         tolerance=0.01,
+        ok_status=MINIATURE_STATUS,
     ),
     Claim(
         id="miniatures.bsam_model_average_ece_40",
@@ -210,6 +215,7 @@ CLAIMS = [
         inputs=MINIATURE_INPUTS,
         rerun=MINIATURE_RUN,
         tolerance=0.01,
+        ok_status=MINIATURE_STATUS,
     ),
     Claim(
         id="miniatures.f_sgld_nll",
@@ -223,5 +229,6 @@ CLAIMS = [
         inputs=MINIATURE_INPUTS,
         rerun=MINIATURE_RUN,
         tolerance=0.01,
+        ok_status=MINIATURE_STATUS,
     ),
 ]
