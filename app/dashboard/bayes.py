@@ -1,9 +1,10 @@
 """Logic of the "Bayesian view" page: Bayesian logistic regression (exact posterior vs Laplace vs
 MFVI vs bSAM, predictive maps, sampled decision boundaries) and two moons (bSAM paper Fig. 3, 5, 6).
 
-The fitting is done by ``toy_problems.figures`` (the same code that draws the reproduced figures),
-so the page and the committed figures can never disagree; this module turns the results into
-Plotly figures and tables.
+The fitting is ``dashboard.toy.posteriors``: the steps, settings and seeds of ``toy_problems.figures``
+(the code that draws the reproduced figures; the tests check the numbers agree bit for bit) with a
+progress bar, plus what the page needs to judge the results (training fit, end points, Monte-Carlo
+error). This module turns the results into Plotly figures, tables and sentences built from them.
 """
 
 from __future__ import annotations
@@ -15,19 +16,26 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from toy_problems import figures
 from toy_problems.figures.palette import method_color
 
 from .layout import LEGEND_BELOW, fmt, grid_shape
+from .toy import posteriors
+from .toy.endpoints import network_thresholds_text, thresholds_text
+
+#: what a missing cell of the distance table means
+NO_COVARIANCE = "—"
 
 
-def logistic(resolution: int = 60, overrides: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
-    """Every posterior and predictive map of the logistic-regression problem (see
+def logistic(
+    resolution: int = 60, overrides: dict[str, dict[str, float]] | None = None, progress=None
+) -> dict[str, Any]:
+    """Every posterior and predictive map of the logistic-regression problem (the numbers of
     ``toy_problems.figures.logistic_results``), with optional hyperparameter ``overrides`` such as
-    ``{"sam": {"rho": 0.5}, "bsam": {"rho": 0.1}}``."""
+    ``{"sam": {"rho": 0.5}, "bsam": {"rho": 0.1}}``, ``progress(fraction, what)`` for the page's
+    progress bar, and each run's end point classified (``R["end_points"]``)."""
     if not 10 <= resolution <= 200:
         raise ValueError(f"resolution must be between 10 and 200, got {resolution}")
-    return figures.logistic_results(resolution, overrides=overrides)
+    return posteriors.logistic_results(resolution, overrides=overrides, progress=progress)
 
 
 def distance_rows(R: dict[str, Any]) -> list[dict[str, Any]]:
@@ -46,6 +54,70 @@ def distance_rows(R: dict[str, Any]) -> list[dict[str, Any]]:
             row["det Σ / det Σ_exact"] = float(torch.det(g.cov) / torch.det(post.cov))
         rows.append(row)
     return rows
+
+
+def distance_table(R: dict[str, Any]) -> list[dict[str, str]]:
+    """:func:`distance_rows` for display: 4 significant digits, and ``NO_COVARIANCE`` where a method
+    has no Gaussian posterior (see :func:`distance_footnote`)."""
+    rows = distance_rows(R)
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    return [{k: (row[k] if k == "method" else fmt(row[k])) if k in row else NO_COVARIANCE for k in columns}
+            for row in rows]  # fmt: skip
+
+
+def distance_footnote(R: dict[str, Any]) -> str:
+    """Why some cells are ``NO_COVARIANCE``, and how the numbers were computed."""
+    rows = distance_rows(R)
+    points = [r["method"] for r in rows if "det Σ / det Σ_exact" not in r]
+    post = R["post"]
+    text = ""
+    if points:
+        text += (
+            f"{NO_COVARIANCE}: {' and '.join(points)} "
+            f"{'is a point estimate' if len(points) == 1 else 'are point estimates'} without a covariance, "
+            "so there is no posterior mean or spread to compare. "
+        )
+    n = len(R["xs"])
+    text += (
+        f"Distances are means and maxima over the plotted {n} x {n} grid of inputs x. The exact posterior "
+        f"is numerical integration on a grid of step {fmt(post.step, 2)} over "
+        f"[−{fmt(post.config['extent'], 2)}, {fmt(post.config['extent'], 2)}]²; the probability it "
+        f"leaves in the outermost ring of that grid, {fmt(post.boundary_mass, 2)}, bounds the truncation "
+        "error. Every method is run once from a fixed seed (deterministic: no sampling error)."
+    )
+    return text
+
+
+def end_point_rows(R: dict[str, Any]) -> list[dict[str, str]]:
+    """SAM's point and the bSAM / MFVI means classified on the loss (negative log joint / N): what
+    the point is, the gradient norm, the Hessian eigenvalues, and how far the run moved over its last
+    tenth of steps."""
+    rows = []
+    for name, e in R["end_points"].items():
+        rows.append(
+            {
+                "run": name,
+                "end point is": e.kind,
+                "point": "(" + ", ".join(fmt(v) for v in e.point) + ")",
+                "‖∇L‖": fmt(e.grad_norm, 3),
+                "Hessian eigenvalues": ", ".join(fmt(v, 3) for v in e.eigenvalues),
+                "moved over the last steps": f"{fmt(e.extra['moved'], 2)} ({e.extra['tail_steps']} steps)",
+            }
+        )
+    return rows
+
+
+def end_point_note(R: dict[str, Any]) -> str:
+    """The classification rule, and what it means for the variational methods."""
+    (x0, x1), (y0, y1) = R["prob"].bounds
+    return (
+        thresholds_text(max(x1 - x0, y1 - y0))
+        + " bSAM and MFVI minimise a variational objective (expected loss plus a KL term), not the loss, "
+        "so their means need not be minima of it; SAM's point is its own fixed point, near a minimum at "
+        "best."
+    )
 
 
 def posterior_figure(R: dict[str, Any], n_std: float = 2.0) -> go.Figure:
@@ -228,12 +300,54 @@ def decision_boundaries_figure(R: dict[str, Any], samples: int = 20, seed: int =
     return fig
 
 
-def two_moons(resolution: int = 40, epochs: int = 40, progress=None) -> dict[str, Any]:
+def two_moons(resolution: int = 40, epochs: int = 250, progress=None) -> dict[str, Any]:
     """Train SAM and bSAM on two moons and compute the three predictive maps of the paper's Fig. 6
-    (``progress(fraction, what)`` as in ``toy_problems.figures.moons_results``)."""
+    (``toy_problems.figures.moons_results``), with the training accuracy and loss of each predictive,
+    each network's end point classified, and the Monte-Carlo error of bSAM's map
+    (``dashboard.toy.posteriors.moons_results``)."""
     if not 1 <= epochs <= 500:
         raise ValueError(f"epochs must be between 1 and 500, got {epochs}")
-    return figures.moons_results(resolution, epochs, progress=progress)
+    return posteriors.moons_results(resolution, epochs, progress=progress)
+
+
+def moons_rows(M: dict[str, Any]) -> list[dict[str, str]]:
+    """One row per predictive: training accuracy and loss, mean predictive entropy over the map (bSAM
+    with its Monte-Carlo error), and what the network's end point is, with its numbers."""
+    mc = M["entropy_mc"]
+    rows = []
+    for name in M["maps"]:
+        acc, nll = M["fit"][name]
+        ent = fmt(M["entropy"][name], 3)
+        if name == "bSAM":
+            ent += f" ± {fmt(mc['std'], 1)}"
+        e = M["end_points"]["SAM" if name == "SAM+Laplace" else name]
+        drop = e.predicted_drop / max(abs(e.loss), 1e-300)
+        rows.append(
+            {
+                "method": name,
+                "training accuracy": f"{100 * acc:.1f}%",
+                "training loss (NLL)": fmt(nll, 3),
+                "mean entropy (nats)": ent,
+                "network end point": e.kind,
+                "‖∇L‖": fmt(e.grad_norm, 2),
+                "gradient step lowers L by": f"{fmt(100 * drop, 2)}%",
+                "λ_min": fmt(e.lambda_min, 2),
+                "λ_max": fmt(e.lambda_max, 3),
+            }
+        )
+    return rows
+
+
+def moons_note(M: dict[str, Any]) -> str:
+    mc = M["entropy_mc"]
+    return (
+        f"Each predictive is evaluated on the 100 training points (accuracy: p > 0.5 on the right side). "
+        f"bSAM's map is an average over {mc['samples']} posterior samples; ± is the standard deviation "
+        f"of the mean entropy over {len(mc['values'])} independent re-draws of those samples (the "
+        "Monte-Carlo error); SAM's map and the linearised Laplace predictive are deterministic. "
+        "SAM+Laplace uses SAM's network. End points on the training loss (binary cross-entropy): "
+        + network_thresholds_text()
+    )
 
 
 def moons_figure(M: dict[str, Any]) -> go.Figure:
@@ -281,13 +395,35 @@ def logistic_findings(R: dict[str, Any]) -> str:
 
 
 def moons_findings(M: dict[str, Any]) -> str:
-    """Mean predictive entropy of each two-moons map (higher: more uncertain), in words."""
-    ent = M["entropy"]
+    """The two-moons conclusion, printed only when its conditions hold: every predictive fits the
+    training set (accuracy >= ``posteriors.MOONS_FIT_ACCURACY``), and bSAM's entropy differs from
+    SAM's by more than twice its Monte-Carlo error. Otherwise the page says which condition fails."""
+    ent, fit, mc = M["entropy"], M["fit"], M["entropy_mc"]
     text = "Mean predictive entropy over the map (nats; higher = more uncertain): " + ", ".join(
-        f"{m} {fmt(v, 3)}" for m, v in ent.items()
+        f"{m} {fmt(v, 3)}" + (f" ± {fmt(mc['std'], 1)}" if m == "bSAM" else "") for m, v in ent.items()
     )
+    text += "."
+    need = posteriors.MOONS_FIT_ACCURACY
+    underfit = {m: a for m, (a, _) in fit.items() if a < need}
+    if underfit:
+        return text + (
+            f" **No conclusion about bSAM yet**: after {M['epochs']} epochs "
+            + ", ".join(f"{m} fits {100 * a:.1f}%" for m, a in underfit.items())
+            + f" of the training points (below {100 * need:.0f}%), so the maps compare networks that have "
+            "not learned the moons. Train longer (the paper's figure uses 250 epochs)."
+        )
     if "bSAM" in ent and "SAM" in ent:
-        more = "more" if ent["bSAM"] > ent["SAM"] else "less"
-        text += f". After {M['epochs']} epochs bSAM's model average is {more} uncertain than SAM's point"
-        text += " estimate."
+        diff = ent["bSAM"] - ent["SAM"]
+        if abs(diff) <= 2 * mc["std"]:
+            return text + (
+                f" After {M['epochs']} epochs every predictive fits at least {100 * need:.0f}% of the "
+                "training points, and bSAM's model average and SAM's point estimate are equally uncertain "
+                f"within bSAM's Monte-Carlo error (difference {fmt(diff, 2)}, 2σ = {fmt(2 * mc['std'], 2)})."
+            )
+        more = "more" if diff > 0 else "less"
+        text += (
+            f" After {M['epochs']} epochs every predictive fits at least {100 * need:.0f}% of the training "
+            f"points, and bSAM's model average is {more} uncertain than SAM's point estimate (difference "
+            f"{fmt(diff, 2)}, more than twice bSAM's Monte-Carlo error {fmt(mc['std'], 1)})."
+        )
     return text

@@ -21,7 +21,8 @@ from torch import nn
 
 import landscape as ls
 
-from .layout import LEGEND_BELOW
+from .layout import LEGEND_BELOW, fmt
+from .toy.endpoints import NetworkEndPoint, classify_network_point, network_thresholds_text
 
 __all__ = [
     "ModelPair",
@@ -34,7 +35,19 @@ __all__ = [
     "paths_figure",
     "barrier_rows",
     "path_caption",
+    "path_statement",
+    "end_points",
+    "end_point_rows",
+    "DEFAULT_EPOCHS",
+    "DEFAULT_CURVE_STEPS",
 ]
+
+#: the page's defaults: 50 epochs train both networks to 100 % training accuracy; 300 curve steps
+#: bring the Bezier curve's loss close to the ends' (see tests/test_app_truth_toys.py)
+DEFAULT_EPOCHS = 50
+DEFAULT_CURVE_STEPS = 300
+#: losses that differ by less than this (relative to the ends' loss) count as equal
+LOSS_RTOL = 1e-9
 
 #: colours of the two paths (not methods: the palette's method colours do not apply)
 PATH_COLORS = {"line": "#1f77b4", "bezier": "#d62728", "chord": "#7f7f7f"}
@@ -66,7 +79,7 @@ def train_pair(
     *,
     seeds: tuple[int, int] = (0, 1),
     hidden: int = 16,
-    epochs: int = 3,
+    epochs: int = DEFAULT_EPOCHS,
     lr: float = 0.05,
     batch_size: int = 64,
     on_step: Callable[[float], None] | None = None,
@@ -168,10 +181,30 @@ def line_path(pair: ModelPair, *, split: str = "train", n_points: int = 21) -> l
 
 
 def bezier_path(
-    pair: ModelPair, *, split: str = "train", steps: int = 100, n_points: int = 21, seed: int = 0
+    pair: ModelPair,
+    *,
+    split: str = "train",
+    steps: int = DEFAULT_CURVE_STEPS,
+    n_points: int = 21,
+    seed: int = 0,
+    on_step: Callable[[float], None] | None = None,
 ) -> ls.PathResult:
     """A quadratic Bezier curve trained on the training split (Adam, lr 0.01, minibatches of 128,
-    ``steps`` updates) and evaluated on the chosen split."""
+    ``steps`` updates) and evaluated on the chosen split; ``on_step(fraction_done)`` after every
+    update (a hook on the optimizer: the updates are those of ``optimizer="adam"``)."""
+
+    def adam(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        opt = torch.optim.Adam(params, lr=1e-2, weight_decay=0.0)
+        if on_step is not None:
+            done = [0]
+
+            def hook(*_: Any) -> None:
+                done[0] += 1
+                on_step(done[0] / steps)
+
+            opt.register_step_post_hook(hook)
+        return opt
+
     curve = ls.fit_curve(
         pair.model_a,
         pair.model_b,
@@ -180,6 +213,7 @@ def bezier_path(
         kind="bezier",
         steps=steps,
         lr=1e-2,
+        optimizer=adam,
         batch_size=128,
         seed=seed,
     )
@@ -209,34 +243,152 @@ def paths_figure(paths: dict[str, ls.PathResult], metric: str = "loss") -> go.Fi
 
 
 def barrier_rows(paths: dict[str, ls.PathResult]) -> list[dict[str, Any]]:
-    """One row per path: end losses, maximum loss and the barrier heights of :class:`PathResult`."""
+    """One row per path: end losses, the lowest and the highest loss on it and the barrier heights
+    of :class:`PathResult`."""
+    rows = []
+    for name, p in paths.items():
+        i_min = min(range(len(p.loss)), key=lambda i: p.loss[i])
+        rows.append(
+            {
+                "path": name,
+                "loss at A (t=0)": p.loss_a,
+                "loss at B (t=1)": p.loss_b,
+                "min loss": p.loss[i_min],
+                "t of min": p.t[i_min],
+                "max loss": p.max_loss,
+                "barrier (above chord)": p.barrier,
+                "t of barrier": p.t_barrier,
+                "error barrier": p.error_barrier,
+            }
+        )
+    return rows
+
+
+def end_points(
+    pair: ModelPair, progress: Callable[[float, str], None] | None = None
+) -> dict[str, NetworkEndPoint]:
+    """Each model's weights classified on the training cross-entropy (full batch: gradient and the
+    extreme Hessian eigenvalues, ``toy.endpoints.classify_network_point``)."""
+    out = {}
+    for i, (label, model) in enumerate((("A", pair.model_a), ("B", pair.model_b))):
+        if progress is not None:
+            progress(i / 2, f"model {label}")
+        out[label] = classify_network_point(model, nn.CrossEntropyLoss(), pair.train)
+    return out
+
+
+def _accuracy(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> float:
+    with torch.no_grad():
+        return float((model(data[0]).argmax(1) == data[1]).double().mean())
+
+
+def _scaled_loss(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor], factor: float) -> float:
+    """Training cross-entropy with the last layer's weights and bias scaled by ``factor``."""
+    last = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+    with torch.no_grad():
+        w, b = last.weight.clone(), last.bias.clone()
+        last.weight.mul_(factor)
+        last.bias.mul_(factor)
+        loss = float(nn.functional.cross_entropy(model(data[0]), data[1]))
+        last.weight.copy_(w)
+        last.bias.copy_(b)
+    return loss
+
+
+def end_point_rows(pair: ModelPair, ends: dict[str, NetworkEndPoint]) -> list[dict[str, Any]]:
+    """One row per end model: what its weights are (minimum, saddle point, not converged, diverged),
+    with the numbers the classification rests on and the training accuracy."""
+    models = {"A": pair.model_a, "B": pair.model_b}
     return [
         {
-            "path": name,
-            "loss at A (t=0)": p.loss_a,
-            "loss at B (t=1)": p.loss_b,
-            "max loss": p.max_loss,
-            "barrier (above chord)": p.barrier,
-            "t of barrier": p.t_barrier,
-            "error barrier": p.error_barrier,
+            "model": label,
+            "end point is": e.kind,
+            "training loss": fmt(e.loss),
+            "training accuracy": f"{100 * _accuracy(models[label], pair.train):.2f}%",
+            "‖∇L‖": fmt(e.grad_norm, 3),
+            "λ_min": fmt(e.lambda_min, 3),
+            "λ_max": fmt(e.lambda_max, 3),
+            "Lanczos residual": fmt(e.residual, 2),
         }
-        for name, p in paths.items()
+        for label, e in ends.items()
     ]
 
 
-def path_caption(pair: ModelPair, paths: dict[str, ls.PathResult], split: str) -> str:
-    """What the figure shows, with the barrier numbers of the paths."""
-    from .layout import fmt
+def ends_statement(pair: ModelPair, ends: dict[str, NetworkEndPoint]) -> str:
+    """What the two end points are, in words built from the table's numbers, with the rule."""
+    kinds = {e.kind for e in ends.values()}
+    text = "**End points.** "
+    if kinds == {"minimum"}:
+        text += "Both ends are minima of the training loss to the stated tolerance. "
+    else:
+        parts = [f"{label} is {'a ' if e.kind != 'not converged' else ''}{e.kind} ({e.reason()})"
+                 for label, e in ends.items()]  # fmt: skip
+        lead = "Neither end is a minimum" if "minimum" not in kinds else "Only one end is a minimum"
+        text += f"{lead}: " + "; ".join(parts) + ". "
+        models = {"A": pair.model_a, "B": pair.model_b}
+        for label, e in ends.items():
+            if e.kind == "not converged" and _accuracy(models[label], pair.train) == 1.0:
+                lower = _scaled_loss(models[label], pair.train, 1.1)
+                if lower < e.loss:
+                    text += (
+                        f"{label} classifies every training example correctly, and scaling its last layer by "
+                        f"1.1 lowers the training loss from {fmt(e.loss)} to {fmt(lower)}: cross-entropy on "
+                        "data a network fits perfectly has no minimum at finite weights, so training longer "
+                        "only shrinks the gradient. "
+                    )
+                    break
+    return text + "Rule: " + network_thresholds_text()
 
+
+def path_statement(p: ls.PathResult, name: str) -> str:
+    """One sentence about one path, only what its numbers support: a dip below both ends means the
+    ends are not minima along it (no barrier is stated); a barrier of 0 means the loss stays at or
+    below the chord; otherwise the barrier height and where it is."""
+    low = min(p.loss_a, p.loss_b)
+    tol = LOSS_RTOL * max(abs(p.loss_a), abs(p.loss_b), 1e-300)
+    inner = [(t, v) for t, v in zip(p.t, p.loss) if 0.0 < t < 1.0]
+    if inner:
+        t_min, v_min = min(inner, key=lambda tv: tv[1])
+        if v_min < low - tol:
+            return (
+                f"{name}: the loss at t = {fmt(t_min, 3)} ({fmt(v_min)}) is lower than at both ends "
+                f"({fmt(p.loss_a)} at A, {fmt(p.loss_b)} at B), so the ends are not minima along this path "
+                "and there is no barrier between minima to report."
+            )
+    if not p.barrier > tol:
+        return (
+            f"{name}: no barrier: the loss stays at or below the chord from {fmt(p.loss_a)} (A) to "
+            f"{fmt(p.loss_b)} (B) at every evaluated point."
+        )
+    return (
+        f"{name}: barrier {fmt(p.barrier)} at t = {fmt(p.t_barrier, 3)} above the chord from {fmt(p.loss_a)} "
+        f"(A) to {fmt(p.loss_b)} (B)."
+    )
+
+
+def path_caption(
+    pair: ModelPair,
+    paths: dict[str, ls.PathResult],
+    split: str,
+    ends: dict[str, NetworkEndPoint] | None = None,
+) -> str:
+    """What the figure shows: one statement per path (:func:`path_statement`), whether the ends are
+    minima (with ``ends``), and how the barrier was measured."""
     n = len(_data(pair, split)[1])
     text = f"Cross-entropy on the {split} split ({n} examples)."
-    line = paths.get("line")
-    if line is not None:
+    names = {"line": "Straight line", "bezier": "Bézier curve"}
+    for key, p in paths.items():
+        text += " " + path_statement(p, names.get(key, key))
+    if ends is not None and any(e.kind != "minimum" for e in ends.values()):
         text += (
-            f" Straight line: barrier {fmt(line.barrier)} at t = {fmt(line.t_barrier)} above the chord "
-            f"from {fmt(line.loss_a)} (A) to {fmt(line.loss_b)} (B)."
+            " The ends are not both minima (see End points), so these are heights between two trained "
+            "networks, not barriers between minima."
         )
-    if "bezier" in paths:
-        b = paths["bezier"]
-        text += f" Bézier curve: barrier {fmt(b.barrier)}, max loss {fmt(b.max_loss)}."
+    if paths:
+        k = len(next(iter(paths.values())).t)
+        text += (
+            f" Barriers are the largest excess over the chord among the {k} evaluated points (t in steps of "
+            f"{fmt(1 / max(k - 1, 1), 2)}; a higher point between them is missed), each on the full split "
+            "(no sampling error), for this one pair of seeds."
+        )
     return text

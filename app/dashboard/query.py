@@ -19,13 +19,37 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["ALL", "QueryPresets", "norm"]
+__all__ = ["ALL", "PRESETS", "QueryPresets", "norm", "preset_url"]
 
 #: the value that selects every option of a list parameter
 ALL = "all"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+#: the example links on the home page: (page file under app/, label, URL parameters); each page reads
+#: these parameters (tests open every link and check that no parameter falls back to its default)
+PRESETS: list[tuple[str, str, dict[str, str]]] = [
+    ("pages/1_Optimizer_playground.py", "Optimizer playground: Himmelblau, all optimizers",
+     {"problem": "himmelblau", "optimizers": "all"}),
+    ("pages/2_Smoothed_objectives.py", "Smoothed objectives: Rosenbrock at ρ = 2",
+     {"problem": "rosenbrock", "rho": "2"}),
+    ("pages/4_Network_landscape.py", "Network landscape: all optimizers, 2 epochs",
+     {"optimizers": "all", "epochs": "2"}),
+    ("pages/6_Curvature_monitor.py", "Curvature monitor: edge of stability",
+     {"preset": "edge_of_stability"}),
+    ("pages/8_Flatness_study.py", "Flatness study: against the test error", {"target": "test_error"}),
+]  # fmt: skip
+
+
+def preset_url(page: str, params: Mapping[str, str]) -> str:
+    """The relative URL of a page file with parameters: ``pages/2_Smoothed_objectives.py`` and
+    ``{"rho": "2"}`` give ``Smoothed_objectives?rho=2`` (commas kept readable)."""
+    from urllib.parse import urlencode
+
+    name = re.sub(r"^\d+_", "", page.rsplit("/", 1)[-1].removesuffix(".py"))
+    return name + ("?" + urlencode(dict(params), safe=",") if params else "")
 
 
 def norm(value: Any) -> str:

@@ -70,6 +70,21 @@ def show_table(rows: Sequence[dict[str, Any]], name: str, *, key: str, container
     )
 
 
+#: multiselects show every chip: streamlit caps the chip box at ~5 rows and scrolls the rest out of
+#: sight, and cuts a long chip label to an ellipsis
+CHIP_CSS = (
+    "<style>[data-testid='stMultiSelect'] div{max-height:none !important}"
+    "[data-testid='stMultiSelectTagsContainer']{overflow:visible !important}"
+    "[data-testid='stMultiSelect'] [data-tag] span[title]{max-width:none !important;"
+    "text-overflow:clip !important;overflow:visible !important}</style>"
+)
+
+
+def full_chips() -> None:
+    """Show every multiselect chip's whole label on this page (call once, anywhere on the page)."""
+    st.html(CHIP_CSS)
+
+
 def computed_with_progress(
     store: str,
     key: tuple,

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import streamlit as st  # noqa: E402
 from dashboard import page_header, readable_errors, toy  # noqa: E402
 from dashboard.query import QueryPresets  # noqa: E402
-from dashboard.widgets import show_figure, show_table  # noqa: E402
+from dashboard.widgets import computed_with_progress, full_chips, show_figure, show_table  # noqa: E402
 
 import toy_problems as tp  # noqa: E402
 
@@ -18,18 +18,26 @@ page_header(
     "Optimizer playground",
     "Pick a 2-D problem and several optimizers: you see their paths on the contour and on the 3-D "
     "surface, the neighbourhood each SAM-type method searches for its perturbation (ball, ASAM ellipse, "
-    "Fisher ellipse) with the probe it chose, the loss curves and the exact Hessian where each run ended. "
+    "Fisher ellipse) with the probe it chose, the loss curves, and what each end point is (minimum, "
+    "saddle point, not converged, ...) from the exact gradient and Hessian there. "
     "The default problem is the Gaussian KL-mixture of the Fisher-SAM paper (Kim et al. 2022, Fig. 2-3). "
     "The address bar keeps the selection (`?problem=himmelblau&optimizers=all&steps=100`): share the link.",
 )
 
 
-@st.cache_data(show_spinner="running the optimizers ...", max_entries=64)
 def cached_run(problem: str, start: tuple[float, float], steps: int, configs: tuple) -> list:
-    return toy.run(problem, start, steps, [(n, dict(h)) for n, h in configs])
+    """The runs, once per setting in this session, with a progress bar while they run."""
+    return computed_with_progress(
+        "playground_runs",
+        (problem, start, steps, configs),
+        lambda report: toy.run(problem, start, steps, [(n, dict(h)) for n, h in configs], progress=report),
+        "running the optimizers",
+        max_entries=64,
+    )
 
 
 query = QueryPresets.from_page()
+full_chips()
 with st.sidebar:
     problems, excluded = toy.playground_problems()
     hints = {
@@ -104,7 +112,15 @@ with readable_errors("run the optimizers"):
     show_figure(
         toy.surface_figure(prob, runs, log=log_scale), f"{problem}_surface", key="surface", container=right
     )
+    left, right = st.columns(2)
     curves = toy.loss_curves_figure(runs, log=log_scale, prob=prob)
     show_figure(curves, f"{problem}_loss_curves", key="losses", container=left)
-    right.markdown("**Where each run ended** (exact Hessian by autograd)")
-    show_table(toy.end_rows(prob, runs), f"{problem}_end_points", key="end_points", container=right)
+    points = toy.end_points(prob, runs)
+    right.markdown("**What the end points are**")
+    right.markdown(toy.end_summary(prob, runs, points))
+    note = toy.overlap_note(prob, runs)
+    if note:
+        right.caption(note)
+    st.markdown("**Where each run ended** (exact gradient and Hessian by autograd)")
+    show_table(toy.end_rows(prob, runs, points), f"{problem}_end_points", key="end_points")
+    st.caption(toy.thresholds_text(toy.endpoints.box_width(prob)))

@@ -15,9 +15,11 @@ from dashboard.widgets import computed_with_progress, show_figure  # noqa: E402
 page_header(
     "Smoothed objectives",
     "What SAM-type methods actually minimise: (A) the loss, (B) its Gaussian smoothing (the MFVI / "
-    "Random-SAM objective, by Gauss-Hermite quadrature), (C) the exact worst case in a ball of radius ρ "
-    "(dense search) and (D) SAM's first-order objective. As ρ grows the sharp basin of the Gaussian "
-    "KL-mixture shrinks or disappears (VSAM seed, 'Rethinking SAM as variational inference', Fig. 1, ρ = 8). "
+    "Random-SAM objective, by Gauss-Hermite quadrature), (C) the worst case in a ball of radius ρ "
+    "(by dense search) and (D) SAM's first-order objective. Under the figure: the local minima of A and B "
+    "(verified by gradient and Hessian) and the uncertainty of the estimates B and C. As ρ grows the "
+    "sharp basin of the Gaussian KL-mixture shrinks or disappears (VSAM seed, 'Rethinking SAM as "
+    "variational inference', Fig. 1, ρ = 8). "
     "Links keep the selection: `?problem=rosenbrock&rho=2&resolution=30`.",
 )
 

@@ -21,9 +21,16 @@ page_header(
 )
 
 
-@st.cache_data(show_spinner="fitting SAM, bSAM and MFVI, integrating the exact posterior ...", max_entries=16)
 def cached_logistic(resolution: int, sam_rho: float, bsam_rho: float) -> dict:
-    return bayes.logistic(resolution, {"sam": {"rho": sam_rho}, "bsam": {"rho": bsam_rho}})
+    """The posteriors, once per setting in this session, with a progress bar while they are fitted."""
+    return computed_with_progress(
+        "logistic",
+        (resolution, sam_rho, bsam_rho),
+        lambda report: bayes.logistic(
+            resolution, {"sam": {"rho": sam_rho}, "bsam": {"rho": bsam_rho}}, progress=report
+        ),
+        "fitting SAM, bSAM and MFVI and integrating the exact posterior",
+    )
 
 
 with st.sidebar:
@@ -37,7 +44,16 @@ with st.sidebar:
     show_moons = st.checkbox(
         "two moons (trains two networks; a progress bar shows how far)", value=False, key="show_moons"
     )
-    moons_epochs = st.slider("two-moons epochs", 10, 250, 40, 10, disabled=not show_moons, key="moons_epochs")
+    moons_epochs = st.slider(
+        "two-moons epochs",
+        10,
+        500,
+        250,
+        10,
+        disabled=not show_moons,
+        key="moons_epochs",
+        help="the paper's figure trains 250 epochs; with fewer the networks do not fit the moons yet",
+    )
 
 with readable_errors("compute the logistic-regression posteriors"):
     R = cached_logistic(int(resolution), float(sam_rho), float(bsam_rho))
@@ -51,8 +67,12 @@ with readable_errors("compute the logistic-regression posteriors"):
     st.markdown("**Predictive maps p(y = 1 | x)**")
     show_figure(bayes.predictive_figure(R), "predictive_maps", key="predictive")
     st.markdown("**Distance of each predictive map to the exact one** (on the plotted x-grid)")
-    show_table(bayes.distance_rows(R), "distances_to_exact", key="distances")
+    show_table(bayes.distance_table(R), "distances_to_exact", key="distances")
+    st.caption(bayes.distance_footnote(R))
     st.markdown(bayes.logistic_findings(R))
+    with st.expander("Where the SAM, bSAM and MFVI runs ended (gradient and Hessian of the loss)"):
+        show_table(bayes.end_point_rows(R), "logistic_end_points", key="logistic_ends")
+        st.caption(bayes.end_point_note(R))
 
 if show_moons:
     with readable_errors("train on two moons"):
@@ -65,4 +85,6 @@ if show_moons:
         )
         st.markdown("**Two moons**: predictive maps of SAM, bSAM (model average) and SAM + Laplace")
         show_figure(bayes.moons_figure(M), "two_moons", key="moons")
+        show_table(bayes.moons_rows(M), "two_moons_fit", key="moons_fit")
+        st.caption(bayes.moons_note(M))
         st.markdown(bayes.moons_findings(M))

@@ -18,7 +18,8 @@ page_header(
     "uploaded state dicts: the loss along the straight line between their weights (`landscape.interpolate`) "
     "and along a quadratic Bézier curve trained to connect them (`landscape.fit_curve`, Garipov et al. "
     "2018). The barrier is the largest excess of the loss over the chord between the two end losses "
-    "(Entezari et al. 2022).",
+    "(Entezari et al. 2022); it speaks of a barrier *between minima* only when the ends are minima, so "
+    "each end is classified from its gradient and Hessian below the figures.",
 )
 
 with st.sidebar:
@@ -27,14 +28,16 @@ with st.sidebar:
         seed_a = st.number_input("seed of model A", 0, 1000, 0, key="paths_seed_a")
         seed_b = st.number_input("seed of model B", 0, 1000, 1, key="paths_seed_b")
         hidden = st.select_slider("hidden units", [8, 16, 32], value=16, key="paths_hidden")
-        epochs = st.slider("epochs", 1, 20, 3, key="paths_epochs")
+        epochs = st.slider("epochs", 1, 100, pv.DEFAULT_EPOCHS, key="paths_epochs")
         lr = st.select_slider(
             "learning rate (SGD, momentum 0.9)", [0.01, 0.02, 0.05, 0.1], value=0.05, key="paths_lr"
         )
     split = st.radio("measure on", ["train", "test"], horizontal=True, key="paths_split")
     n_points = st.select_slider("points on each path", [11, 21, 41], value=21, key="paths_points")
     with_curve = st.checkbox("also fit a Bézier curve", value=True, key="paths_curve")
-    curve_steps = st.select_slider("curve training steps", [50, 100, 300, 1000], value=100, key="paths_steps")
+    curve_steps = st.select_slider(
+        "curve training steps", [50, 100, 300, 1000], value=pv.DEFAULT_CURVE_STEPS, key="paths_steps"
+    )
 
 pair = None
 with readable_errors("prepare the two models"):
@@ -72,11 +75,29 @@ if pair is not None:
             paths["bezier"] = computed_with_progress(
                 "paths_curves",
                 key,
-                lambda report: pv.bezier_path(pair, split=split, steps=curve_steps, n_points=n_points),
+                lambda report: pv.bezier_path(
+                    pair,
+                    split=split,
+                    steps=curve_steps,
+                    n_points=n_points,
+                    on_step=lambda f: report(f, f"step {round(f * curve_steps)} of {curve_steps}"),
+                ),
                 f"training the Bézier curve ({curve_steps} steps)",
             )
+    ends = None
+    with readable_errors("classify the end points"):
+        ends = computed_with_progress(
+            "paths_ends",
+            repr(pair.config),
+            lambda report: pv.end_points(pair, progress=report),
+            "end points: full-batch gradient and Lanczos Hessian eigenvalues",
+        )
     if paths:
         show_figure(pv.paths_figure(paths), "paths_loss", key="paths_fig")
         show_figure(pv.paths_figure(paths, "error"), "paths_error", key="paths_err_fig")
         show_table(pv.barrier_rows(paths), "path_barriers", key="paths_rows")
-        st.caption(pv.path_caption(pair, paths, split))
+    if ends is not None:
+        show_table(pv.end_point_rows(pair, ends), "path_end_points", key="paths_end_rows")
+        st.markdown(pv.ends_statement(pair, ends))
+    if paths:
+        st.caption(pv.path_caption(pair, paths, split, ends))

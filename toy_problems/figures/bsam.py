@@ -63,10 +63,6 @@ def logistic_results(resolution: int, overrides: dict[str, dict[str, Any]] | Non
 
 @lru_cache(maxsize=4)
 def _logistic_results(resolution: int, overrides: tuple) -> dict[str, Any]:
-    from optimizers import MFVI, SAM, BayesianSAM
-
-    prob = LogisticRegression()
-    post = prob.exact_posterior()
     s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in LOGREG_SETTINGS.items()}
     for method, items in overrides:
         values = dict(items)
@@ -76,11 +72,29 @@ def _logistic_results(resolution: int, overrides: tuple) -> dict[str, Any]:
         if unknown:
             raise ValueError(f"unknown {method} settings {sorted(unknown)}; known: {sorted(s[method])}")
         s[method].update(values)
+    return compute_logistic_results(resolution, s)
+
+
+def compute_logistic_results(
+    resolution: int, s: dict[str, Any], ticks: Callable[[str, int], Any] | None = None
+) -> dict[str, Any]:
+    """The runs, posteriors and predictive maps of Fig. 3/5 for the settings ``s`` (uncached).
+
+    ``ticks(method, steps)``: an optional ``scheduler_factory`` for each run (``run_trajectory``
+    calls its ``step()`` after every optimizer step; e.g. a progress bar); the numbers do not depend
+    on it.
+    """
+    from optimizers import MFVI, SAM, BayesianSAM
+
+    tick = ticks or (lambda method, steps: None)
+    prob = LogisticRegression()
+    post = prob.exact_posterior()
     sam_tr = run_trajectory(
         prob,
         lambda p: SAM(p, torch.optim.SGD, rho=s["sam"]["rho"], lr=s["sam"]["lr"]),
         s["start"],
         s["sam"]["steps"],
+        scheduler_factory=tick("SAM", s["sam"]["steps"]),
     )
     b = s["bsam"]
     bsam_tr = run_trajectory(
@@ -97,6 +111,7 @@ def _logistic_results(resolution: int, overrides: tuple) -> dict[str, Any]:
         s["start"],
         b["steps"],
         loss_fn=prob.nll,
+        scheduler_factory=tick("bSAM", b["steps"]),
     )
     v = s["mfvi"]
     mfvi_tr = run_trajectory(
@@ -112,6 +127,7 @@ def _logistic_results(resolution: int, overrides: tuple) -> dict[str, Any]:
         s["start"],
         v["steps"],
         loss_fn=prob.nll,
+        scheduler_factory=tick("MFVI", v["steps"]),
     )
     w_sam = sam_tr.path[-1]
     gauss = {

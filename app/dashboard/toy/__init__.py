@@ -3,7 +3,8 @@
 Everything here is plain Python over ``toy_problems`` and ``optimizers`` (no Streamlit), so the
 tests call it directly and assert on the returned figures' traces. Modules: ``catalogue``
 (optimizers, hyperparameters, per-problem settings), ``runs`` (trajectories, neighbourhoods,
-Hessians), ``plots`` (playground figures), ``smoothed`` (the smoothed-objectives panels).
+Hessians), ``endpoints`` (what an end point is: minimum, saddle point, ...), ``plots`` (playground
+figures), ``smoothed`` (the smoothed-objectives panels and their local minima).
 """
 
 from __future__ import annotations
@@ -18,9 +19,29 @@ from .catalogue import (
     problem_settings,
     validate_hypers,
 )
+from .endpoints import EndPoint, classify_point, thresholds_text
 from .plots import contour_figure, loss_curves_figure, loss_grid, surface_figure
-from .runs import Run, divergence_messages, end_rows, hessian_summary, neighbourhood, run, run_status
-from .smoothed import PANEL_TITLES, ball_inside, smoothed_figure, smoothed_panels, smoothed_summary
+from .runs import (
+    Run,
+    divergence_messages,
+    end_points,
+    end_rows,
+    end_summary,
+    hessian_summary,
+    neighbourhood,
+    overlap_note,
+    path_overlaps,
+    run,
+    run_status,
+)
+from .smoothed import (
+    PANEL_TITLES,
+    ball_inside,
+    smoothed_figure,
+    smoothed_minima,
+    smoothed_panels,
+    smoothed_summary,
+)
 
 __all__ = [
     "OPTIMIZERS",
@@ -35,7 +56,14 @@ __all__ = [
     "run",
     "neighbourhood",
     "hessian_summary",
+    "EndPoint",
+    "classify_point",
+    "thresholds_text",
+    "end_points",
     "end_rows",
+    "end_summary",
+    "path_overlaps",
+    "overlap_note",
     "run_status",
     "divergence_messages",
     "loss_grid",
@@ -44,6 +72,7 @@ __all__ = [
     "loss_curves_figure",
     "PANEL_TITLES",
     "smoothed_panels",
+    "smoothed_minima",
     "smoothed_figure",
     "smoothed_summary",
     "ball_inside",

@@ -19,6 +19,28 @@ from toy_problems.figures.palette import method_color
 from ..layout import LEGEND_BELOW, finite_range, fmt, padded
 from .runs import Run, neighbourhood
 
+#: per-run line dashes and marker symbols (by position in the selection): runs whose paths or loss
+#: curves coincide stay distinguishable, and earlier runs are drawn wider underneath later ones
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+SYMBOLS = (
+    "circle",
+    "square",
+    "diamond",
+    "triangle-up",
+    "triangle-down",
+    "cross",
+    "star",
+    "hexagon",
+    "pentagon",
+)
+
+
+def run_style(i: int, n: int) -> dict:
+    """Line dash, line width and marker symbol of the ``i``-th of ``n`` runs: widths fall from 6 to 2
+    in drawing order, so a path drawn first shows as a border around a later one on top of it."""
+    width = 2.0 if n <= 1 else 2.0 + 4.0 * (n - 1 - i) / (n - 1)
+    return {"dash": DASHES[i % len(DASHES)], "width": width, "symbol": SYMBOLS[i % len(SYMBOLS)]}
+
 
 def loss_grid(prob: tp.ToyProblem, resolution: int = 120) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(xs, ys, Z)`` with ``Z[i, j]`` the loss at ``(xs[j], ys[i])``; NaN outside the domain."""
@@ -92,16 +114,17 @@ def contour_figure(
                 name=f"minimum {m.label}".strip(),
             )
         )
-    for r in runs:
+    for i, r in enumerate(runs):
         color = method_color(r.optimizer)
+        style = run_style(i, len(runs))
         path = r.trajectory.path.numpy()
         fig.add_trace(
             go.Scatter(
                 x=path[:, 0],
                 y=path[:, 1],
                 mode="lines+markers",
-                marker=dict(size=4),
-                line=dict(color=color, width=2),
+                marker=dict(size=6, symbol=style["symbol"], color=color),
+                line=dict(color=color, width=style["width"], dash=style["dash"]),
                 name=r.label,
                 legendgroup=r.label,  # one legend entry per run toggles its path, region and probe
             )
@@ -163,6 +186,10 @@ def _add_neighbourhood(fig: go.Figure, prob, r: Run, step: int, color: str, path
         )
 
 
+#: the marker symbols Scatter3d accepts
+_SYMBOLS_3D = ("circle", "square", "diamond", "cross", "x", "circle-open", "square-open", "diamond-open")
+
+
 def surface_figure(
     prob: tp.ToyProblem, runs: list[Run], resolution: int = 80, log: bool = False
 ) -> go.Figure:
@@ -178,8 +205,9 @@ def surface_figure(
         go.Surface(x=xs, y=ys, z=zd, colorscale="Viridis", opacity=0.9, name="loss", showscale=False)
     )
     (x0, x1), (y0, y1) = prob.bounds
-    for r in runs:
+    for i, r in enumerate(runs):
         color = method_color(r.optimizer)
+        style = run_style(i, len(runs))
         path = r.trajectory.path.numpy().astype(float)
         lz = log_display(r.trajectory.losses.numpy(), log, shift)
         inside = (path[:, 0] >= x0) & (path[:, 0] <= x1) & (path[:, 1] >= y0) & (path[:, 1] <= y1)
@@ -193,14 +221,18 @@ def surface_figure(
                 z=pz,
                 mode="lines+markers",
                 name=r.label,
-                marker=dict(size=2, color=color),
-                line=dict(color=color, width=5),
+                marker=dict(size=3, color=color, symbol=_SYMBOLS_3D[i % len(_SYMBOLS_3D)]),
+                line=dict(color=color, width=2 + style["width"], dash=style["dash"]),
             )
         )
     scene = dict(
         xaxis=dict(title=prob.axis_labels[0], range=[x0, x1]),
         yaxis=dict(title=prob.axis_labels[1], range=[y0, y1]),
         zaxis=dict(title=loss_label(log, shift)),
+        aspectmode="cube",
+        # the default eye (1.25, 1.25, 1.25) crops the axis titles at the scene's edge
+        camera=dict(eye=dict(x=1.6, y=-1.6, z=1.1)),
+        domain=dict(x=[0.0, 1.0], y=[0.0, 1.0]),
     )
     if zr is not None:
         scene["zaxis"]["range"] = padded(zr)
@@ -230,13 +262,18 @@ def loss_curves_figure(
         ref += [r.trajectory.losses.numpy() for r in runs if not r.trajectory.diverged]
     shift = log_shift(np.concatenate([np.ravel(a) for a in ref + grid])) if ref else 0.0
     fig = go.Figure()
-    for r in runs:
+    for i, r in enumerate(runs):
+        style = run_style(i, len(runs))
+        y = log_display(r.trajectory.losses.numpy(), log, shift)
         fig.add_trace(
             go.Scatter(
-                y=log_display(r.trajectory.losses.numpy(), log, shift),
-                mode="lines",
+                y=y,
+                mode="lines+markers",
                 name=r.label,
-                line=dict(color=method_color(r.optimizer)),
+                # solid (dashes turn an oscillating curve into noise); widths fall in drawing order,
+                # so a curve under an identical one shows as its border, and markers tell them apart
+                line=dict(color=method_color(r.optimizer), width=style["width"]),
+                marker=dict(symbol=style["symbol"], size=8, maxdisplayed=12),
             )
         )
     yr = finite_range(*[log_display(a, log, shift) for a in ref]) if ref else None
