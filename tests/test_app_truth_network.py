@@ -195,3 +195,16 @@ def test_page_captions_from_the_numbers():
     assert "how it perturbs the weights w" in details.columns
     sharp = next(t.value for t in at.dataframe if "measure" in t.value.columns)
     assert float(sharp["value"].iloc[0]) == sp["hutchinson_trace"]
+
+
+def test_training_curves_stay_distinguishable_when_they_coincide(two_runs):
+    """Similar optimizers give coinciding loss curves: every run has its own dash and marker, and
+    earlier runs are drawn wider, so a curve under another one stays visible."""
+    from dashboard import network_plots as npl
+
+    runs = {name: two_runs[0] for name in ("SGD", "SAM", "ASAM", "FisherSAM", "BayesianSAM", "MFVI")}
+    fig = npl.training_figure(runs)
+    styles = {(t.line.dash, t.marker.symbol) for t in fig.data}
+    assert len(fig.data) == 6 and len(styles) == 6
+    widths = [t.line.width for t in fig.data]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]

@@ -115,20 +115,29 @@ def spectrum_figure(spectra: dict[str, dict[str, Any]]) -> go.Figure:
     return fig
 
 
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star")
+
+
 def training_figure(runs: dict[str, TrainedRun]) -> go.Figure:
     """The mean training loss of each epoch (epochs counted from 1), one colour per optimizer."""
     fig = go.Figure()
     epochs = 1
-    for name, run in runs.items():
+    n = len(runs)
+    for i, (name, run) in enumerate(runs.items()):
         epochs = max(epochs, len(run.history["epoch_loss"]))
+        # curves of similar optimizers coincide: each run its own dash and marker, earlier runs
+        # drawn wider, so a curve hidden under another still shows as its border
         fig.add_trace(
             go.Scatter(
                 x=list(range(1, len(run.history["epoch_loss"]) + 1)),
                 y=run.history["epoch_loss"],
                 mode="lines+markers",
                 name=name,
-                line=dict(color=method_color(name)),
-                marker=dict(color=method_color(name)),
+                line=dict(
+                    color=method_color(name), dash=DASHES[i % len(DASHES)], width=2 + 1.5 * (n - 1 - i)
+                ),
+                marker=dict(color=method_color(name), symbol=SYMBOLS[i % len(SYMBOLS)], size=7),
             )
         )
     fig.update_layout(

@@ -259,4 +259,5 @@ if upload is not None:
             show_figure(s.to_plotly(title=upload.name), Path(upload.name).stem, key="uploaded")
         else:
             st.line_chart({"loss": np.asarray(s.loss)})
-        st.json(s.config)
+        with st.expander("the file's configuration"):
+            st.json(s.config, expanded=False)
