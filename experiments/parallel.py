@@ -106,8 +106,11 @@ class DistContext:
 
     def close(self) -> None:
         if self.initialized_here and dist.is_initialized():
-            dist.destroy_process_group()
-            self.initialized_here = False
+            try:
+                dist.barrier()  # no rank tears gloo down while another still talks to it
+            finally:
+                dist.destroy_process_group()
+                self.initialized_here = False
 
 
 def from_environment(dist_cfg: dict[str, Any], device: torch.device) -> DistContext:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 
 from experiments.toml_writer import dumps
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app"

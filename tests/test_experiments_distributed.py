@@ -6,15 +6,14 @@ runs between the ranks."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from experiments.cli import main
+from tests.torchrun import torchrun_experiments
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,10 +47,7 @@ sharpness = []
 
 
 def torchrun(config: Path, *overrides: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "experiments", "run", str(config), *overrides]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    proc = torchrun_experiments(["run", str(config), *overrides], ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 

@@ -6,15 +6,13 @@ differ."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from experiments.cli import main
+from tests.torchrun import torchrun_experiments
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,11 +65,8 @@ def test_synchronised_batchnorm_makes_two_ranks_equal_one_process(tmp_path):
     cfg = tmp_path / "sbn.toml"
     cfg.write_text(CONFIG)
     sweep = 'sweep={"distributed.sync_batchnorm" = [true, false]}'
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "experiments", "run", str(cfg), f"out_dir={tmp_path / 'dp'}",
-           "distributed.mode=data_parallel", sweep]  # fmt: skip
-    proc = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = torchrun_experiments(
+        ["run", str(cfg), f"out_dir={tmp_path / 'dp'}", "distributed.mode=data_parallel", sweep], ROOT
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert main(["run", str(cfg), f"out_dir={tmp_path / 'sp'}"]) == 0
