@@ -63,16 +63,20 @@ def logistic_results(resolution: int, overrides: dict[str, dict[str, Any]] | Non
 
 @lru_cache(maxsize=4)
 def _logistic_results(resolution: int, overrides: tuple) -> dict[str, Any]:
+    return compute_logistic_results(resolution, logistic_settings({m: dict(v) for m, v in overrides}))
+
+
+def logistic_settings(overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """:data:`LOGREG_SETTINGS` updated per method by ``overrides``; unknown methods or keys raise."""
     s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in LOGREG_SETTINGS.items()}
-    for method, items in overrides:
-        values = dict(items)
+    for method, values in (overrides or {}).items():
         if method not in s or not isinstance(s[method], dict):
             raise ValueError(f"unknown method {method!r} in overrides; choose from sam, bsam, mfvi")
         unknown = set(values) - set(s[method])
         if unknown:
             raise ValueError(f"unknown {method} settings {sorted(unknown)}; known: {sorted(s[method])}")
         s[method].update(values)
-    return compute_logistic_results(resolution, s)
+    return s
 
 
 def compute_logistic_results(
@@ -354,10 +358,7 @@ def moons_results(
     )
     p_lap = _laplace_linearised(prob, sam_model, XG, prior_precision=s["laplace_prior_precision"])
     maps = {"SAM": p_sam, "bSAM": p_bsam, "SAM+Laplace": p_lap}
-    entropy = {}
-    for k, p in maps.items():
-        pc = p.clamp(1e-12, 1 - 1e-12)
-        entropy[k] = float((-(pc * pc.log() + (1 - pc) * (1 - pc).log())).mean())
+    entropy = {k: mean_binary_entropy(p) for k, p in maps.items()}
     return {
         "prob": prob,
         "data": prob.data,
@@ -366,8 +367,15 @@ def moons_results(
         "maps": maps,
         "entropy": entropy,
         "models": {"SAM": sam_model, "bSAM": bsam_model, "SAM+Laplace": sam_model},
+        "bsam_optimizer": bopt,
         "epochs": epochs,
     }
+
+
+def mean_binary_entropy(p: torch.Tensor) -> float:
+    """Mean entropy (nats) of Bernoulli probabilities ``p`` (clamped to ``[1e-12, 1 - 1e-12]``)."""
+    pc = p.clamp(1e-12, 1 - 1e-12)
+    return float((-(pc * pc.log() + (1 - pc) * (1 - pc).log())).mean())
 
 
 def bsam_fig6(out: Path, resolution: int) -> dict:

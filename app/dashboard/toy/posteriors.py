@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from toy_problems.figures import bsam as fig_bsam
-from toy_problems.two_moons import TwoMoons
 
 from .endpoints import classify_network_point, classify_point
 
@@ -50,18 +49,6 @@ def _ticks(report: Report, lo: float, hi: float, steps: int, what: str):
     return lambda opt: _Ticker(tick)
 
 
-def _settings(overrides: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
-    s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in fig_bsam.LOGREG_SETTINGS.items()}
-    for method, values in (overrides or {}).items():
-        if method not in s or not isinstance(s[method], dict):
-            raise ValueError(f"unknown method {method!r} in overrides; choose from sam, bsam, mfvi")
-        unknown = set(values) - set(s[method])
-        if unknown:
-            raise ValueError(f"unknown {method} settings {sorted(unknown)}; known: {sorted(s[method])}")
-        s[method].update(values)
-    return s
-
-
 def logistic_results(
     resolution: int, overrides: dict[str, dict[str, Any]] | None = None, progress: Report | None = None
 ) -> dict[str, Any]:
@@ -69,7 +56,7 @@ def logistic_results(
     progress bar, plus ``"end_points"``: SAM's point and the bSAM / MFVI means classified on the
     loss (exact gradient and Hessian), and how far each run moved over its last tenth of steps."""
     report = progress or (lambda f, what: None)
-    s = _settings(overrides)
+    s = fig_bsam.logistic_settings(overrides)
     report(0.0, "exact posterior (numerical integration)")
     spans = {"SAM": (0.05, 0.3), "bSAM": (0.3, 0.6), "MFVI": (0.6, 0.85)}
     R = fig_bsam.compute_logistic_results(
@@ -90,11 +77,6 @@ def logistic_results(
     return {**R, "end_points": ends}
 
 
-def _entropy(p: torch.Tensor) -> float:
-    pc = p.clamp(1e-12, 1 - 1e-12)
-    return float((-(pc * pc.log() + (1 - pc) * (1 - pc).log())).mean())
-
-
 def _fit(p: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """Training accuracy and mean negative log-likelihood of predicted probabilities ``p``."""
     pc = p.clamp(1e-12, 1 - 1e-12)
@@ -110,22 +92,13 @@ def moons_results(resolution: int, epochs: int, progress: Report | None = None) 
     (``"entropy_mc"``: the values and their standard deviation, the Monte-Carlo error)."""
     s = fig_bsam.MOONS_SETTINGS
     report = progress or (lambda f, what: None)
-    prob = TwoMoons()
+    # the figure's runs and maps (its progress scaled to the first 88 % of the bar)
+    M = fig_bsam.moons_results(resolution, epochs, progress=lambda f, what: report(0.88 * f, what))
+    prob, bopt = M["prob"], M["bsam_optimizer"]
+    sam_model, bsam_model = M["models"]["SAM"], M["models"]["bSAM"]
     X, y = prob.data
-    xs, ys, XG = fig_bsam._xgrid(prob, resolution)
-    flat = XG.reshape(-1, 2)
-    sam_model, _ = fig_bsam._train_moons(
-        prob, "SAM", epochs, lambda e: report(0.15 * e / epochs, f"training SAM, epoch {e + 1} of {epochs}")
-    )
-    bsam_model, bopt = fig_bsam._train_moons(
-        prob,
-        "bSAM",
-        epochs,
-        lambda e: report(0.15 + 0.65 * e / epochs, f"training bSAM, epoch {e + 1} of {epochs}"),
-    )
-    report(0.8, "predictive maps (bSAM model average, SAM + Laplace)")
-    with torch.no_grad():
-        p_sam = torch.sigmoid(sam_model(flat).squeeze(-1)).reshape(XG.shape[:-1])
+    flat = fig_bsam._xgrid(prob, resolution)[2].reshape(-1, 2)
+    lap = s["laplace_prior_precision"]
 
     def average(inputs: torch.Tensor, seed: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(seed)
@@ -133,11 +106,6 @@ def moons_results(resolution: int, epochs: int, progress: Report | None = None) 
             -1
         )
 
-    p_bsam = average(flat, 1).reshape(XG.shape[:-1])
-    lap = s["laplace_prior_precision"]
-    p_lap = fig_bsam._laplace_linearised(prob, sam_model, XG, prior_precision=lap)
-    maps = {"SAM": p_sam, "bSAM": p_bsam, "SAM+Laplace": p_lap}
-    entropy = {k: _entropy(p) for k, p in maps.items()}
     report(0.88, "training accuracy and loss of each predictive")
     with torch.no_grad():
         train_sam = torch.sigmoid(sam_model(X).squeeze(-1))
@@ -147,7 +115,7 @@ def moons_results(resolution: int, epochs: int, progress: Report | None = None) 
         "SAM+Laplace": _fit(fig_bsam._laplace_linearised(prob, sam_model, X, prior_precision=lap), y),
     }
     report(0.9, "Monte-Carlo error of bSAM's model average")
-    values = [_entropy(average(flat, 2 + r)) for r in range(MC_REPEATS)]
+    values = [fig_bsam.mean_binary_entropy(average(flat, 2 + r)) for r in range(MC_REPEATS)]
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
     report(0.95, "end points: gradient and Hessian of the training loss")
@@ -159,14 +127,7 @@ def moons_results(resolution: int, epochs: int, progress: Report | None = None) 
     }
     report(1.0, "done")
     return {
-        "prob": prob,
-        "data": prob.data,
-        "xs": xs,
-        "ys": ys,
-        "maps": maps,
-        "entropy": entropy,
-        "models": {"SAM": sam_model, "bSAM": bsam_model, "SAM+Laplace": sam_model},
-        "epochs": epochs,
+        **M,
         "fit": fit,
         "end_points": ends,
         "entropy_mc": {"values": values, "std": std, "samples": s["samples"]},
