@@ -167,6 +167,8 @@ class ClosureFactory:
         return [a / b if b else 0.0 for a, b in zip(mine, totals)]
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.precision in ("float32", "float64"):  # no autocast context to enter per pass
+            return self.forward(x)
         with autocast_context(self.precision, self.device):
             out = self.forward(x)
         return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out

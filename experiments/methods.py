@@ -409,7 +409,27 @@ def build_optimizer(
             f"method {method['name']!r}: {method['optimizer']!r} built a {type(inner).__name__}, not a "
             "torch.optim.Optimizer; name an optimizer (sgd, sam, bsam, vogn, fsgvb, ...)"
         )
+    prefer_foreach(inner)
     return opt, used
+
+
+def prefer_foreach(opt: Any) -> None:
+    """``foreach=True`` for the ``torch.optim`` optimizers inside ``opt`` (itself, its
+    ``base_optimizer``) that left it to PyTorch (``foreach=None``) and are not ``fused``.
+
+    PyTorch picks the one-tensor-at-a-time loop on the CPU; the ``_foreach_*`` ops compute the same
+    update (bit for bit: the same kernels per tensor, ``tests/test_runner_foreach.py``) with one
+    Python call per parameter group instead of a few per tensor, which is what a small network's
+    step is made of (issue 25: the runner's SGD epoch against a minimal loop)."""
+    seen: set[int] = set()
+    while isinstance(opt, torch.optim.Optimizer) and id(opt) not in seen:
+        seen.add(id(opt))
+        if type(opt).__module__.startswith("torch.optim"):
+            for group in opt.param_groups:
+                if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+                    if not group.get("differentiable"):
+                        group["foreach"] = True
+        opt = getattr(opt, "base_optimizer", None)
 
 
 def inner_optimizer(opt: Any) -> torch.optim.Optimizer:

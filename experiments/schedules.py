@@ -8,9 +8,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["NoSchedule", "lr_factor"]
+import torch
+
+__all__ = ["FactorSchedule", "NoSchedule", "lr_factor"]
 
 
 def lr_factor(step: int, steps_per_epoch: int, train_cfg: dict[str, Any]) -> float:
@@ -56,3 +59,45 @@ class NoSchedule:
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         pass
+
+
+class FactorSchedule:
+    """``lr = base_lr * factor(step)`` per param group after every optimizer step: the arithmetic of
+    ``torch.optim.lr_scheduler.LambdaLR`` (the same products, the same ``initial_lr`` in the groups,
+    the same ``state_dict`` keys, so checkpoints written with ``LambdaLR`` load) without its per-step
+    bookkeeping, which was 1.5 % of a small network's SGD step on a CPU (issue 25)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, factor: Callable[[int], float]) -> None:
+        self.optimizer = optimizer
+        self.lr_lambdas = [factor] * len(optimizer.param_groups)
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+        self.last_epoch = 0
+        self._set_lrs()
+
+    def _set_lrs(self) -> None:
+        t = self.last_epoch
+        for group, base, factor in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
+            group["lr"] = base * factor(t)
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        self._set_lrs()
+
+    def get_last_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "base_lrs": list(self.base_lrs),
+            "last_epoch": self.last_epoch,
+            "_step_count": self.last_epoch + 1,
+            "lr_lambdas": [None] * len(self.lr_lambdas),
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """As ``LambdaLR.load_state_dict``: the step and base rates (the group rates come with the
+        optimizer's own state)."""
+        self.base_lrs = list(sd["base_lrs"])
+        self.last_epoch = int(sd["last_epoch"])

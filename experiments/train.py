@@ -16,7 +16,7 @@ Under data parallelism ``distributed.sync_batchnorm`` synchronises BatchNorm
 The learning rate follows ``train.schedule`` per step: ``cosine`` (``0.5 (1 + cos(pi t / T))``,
 Loshchilov & Hutter 2017, annealed to zero, or to ``train.min_lr``), ``step`` (times ``gamma`` at
 each milestone epoch) or ``constant``, after an optional linear warm-up, through
-``torch.optim.lr_scheduler.LambdaLR`` on the optimizer's param groups.
+:class:`experiments.schedules.FactorSchedule` (``LambdaLR``'s arithmetic) on the optimizer's param groups.
 
 ``train.compile`` (``"off"`` by default) runs the training forward and backward passes through
 ``torch.compile(model, mode=...)`` (``"default"``, ``"reduce-overhead"``: CUDA graphs for the static
@@ -54,7 +54,7 @@ from experiments.data import RunData, data_fingerprints, prepare_data
 from experiments.logs import EpochLogger
 from experiments.methods import build_optimizer, check_run, inner_optimizer
 from experiments.parallel import DistContext
-from experiments.schedules import NoSchedule, lr_factor
+from experiments.schedules import FactorSchedule, NoSchedule, lr_factor
 
 __all__ = ["STEP_HOOK", "Trainer", "build_model", "check_model", "lr_factor"]
 
@@ -182,9 +182,7 @@ class Trainer:
         if t["schedule"] == "none":  # the optimizer sets its own learning rate (e.g. F-SGLD's official one)
             self.scheduler: Any = NoSchedule()
         else:
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-                self.inner, lambda s: lr_factor(s, self.steps_per_epoch, t)
-            )
+            self.scheduler = FactorSchedule(self.inner, lambda s: lr_factor(s, self.steps_per_epoch, t))
         self.scaler = LossScaler(enabled=self.precision == "fp16")
         self.generators = {
             "data": torch.Generator().manual_seed(seed),
@@ -259,8 +257,11 @@ class Trainer:
     def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         idx = idx.to(self.device)
         x, y = self._augment(self.x_train[idx]), self.y_train[idx]
-        lo, hi = self.ctx.shard(len(idx))
-        return (x, y) if (lo, hi) == (0, len(idx)) else (x[lo:hi], y[lo:hi])
+        if not self.ctx.data_parallel:
+            return x, y
+        n = idx.shape[0]
+        lo, hi = self.ctx.shard(n)
+        return (x, y) if (lo, hi) == (0, n) else (x[lo:hi], y[lo:hi])
 
     def _sync_batchnorm(self) -> Any:
         """``distributed.sync_batchnorm`` under data parallelism: BatchNorm layers replaced by
@@ -308,11 +309,12 @@ class Trainer:
         steps = self.steps_per_epoch
         for b in range(steps):
             idx = perm[b * self.batch_size : (b + 1) * self.batch_size]
+            n_idx = idx.shape[0]
             x, y = self._batch(idx)
             if STEP_HOOK is not None:
                 STEP_HOOK(self.counters["step"])
             try:
-                loss = self.opt.step(self.closures(x, y, len(idx), self.scaler))
+                loss = self.opt.step(self.closures(x, y, n_idx, self.scaler))
                 self.scaler.update(False)
             except SkipStep:
                 self.scaler.update(True)
@@ -321,7 +323,7 @@ class Trainer:
             self.scheduler.step()
             self.counters["step"] += 1
             if loss is not None:
-                losses.add(loss, self.counters["step"], len(idx))
+                losses.add(loss, self.counters["step"], n_idx)
                 if self.step_log is not None:
                     self.step_log.record(self.counters["step"], self.opt)
             if (b + 1) % every and b + 1 < steps:

@@ -70,12 +70,15 @@ class LossScaler:
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale if self.enabled else loss
 
-    @torch.no_grad()
     def unscale_(self, params: Iterable[torch.Tensor], *, raise_on_overflow: bool = True) -> bool:
         """Divide every ``.grad`` by the scale in place; ``True`` if all are finite. A non-finite
         gradient raises :class:`SkipStep` (or returns ``False`` with ``raise_on_overflow=False``)."""
-        if not self.enabled:
+        if not self.enabled:  # before no_grad: nothing to pay per step when scaling is off
             return True
+        with torch.no_grad():
+            return self._unscale(params, raise_on_overflow)
+
+    def _unscale(self, params: Iterable[torch.Tensor], raise_on_overflow: bool) -> bool:
         grads = [p.grad for p in params if p.grad is not None]
         if not grads:
             return True

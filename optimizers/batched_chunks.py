@@ -35,6 +35,8 @@ from torch.func import functional_call, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._pytree import tree_map
 
+from optimizers.chunk_losses import flat_cross_entropy
+
 __all__ = [
     "chunk_norms",
     "ChunkClosure",
@@ -163,6 +165,7 @@ class ChunkVectoriser:
         nbt_names = {f"{n}.num_batches_tracked" if n else "num_batches_tracked" for n, _ in self.bn}
         self.other = {n: b for n, b in model.named_buffers() if n not in stat_names and n not in nbt_names}
         self.xs, self.y_list = torch.stack(list(x_chunks)), list(y_chunks)
+        self.ys = torch.stack(self.y_list) if all(isinstance(y, torch.Tensor) for y in self.y_list) else None
 
     def _prefix(self, name: str, buf: str) -> str:
         return f"{name}.{buf}" if name else buf
@@ -196,6 +199,10 @@ class ChunkVectoriser:
             out = functional_call(model, {**batched, **fixed}, (x,))
             return out, {n: batched[n] for n in scratch}  # scratch now holds the chunk's statistics
 
+        def forward_loss(batched, x, y):  # the chunk's loss too: one vmapped loss call, not m
+            out, stats = forward(batched, x)
+            return loss_fn(out, y), stats
+
         # one leaf [m, ...] per parameter (shared weights: a stride-0 expansion, no copy); chunk k's
         # loss depends on slice k only, so the gradient of the summed losses is the m gradients
         leaves = [
@@ -206,11 +213,25 @@ class ChunkVectoriser:
         try:
             for _, mod in self.bn:
                 mod.momentum = None  # factor 1 / num_batches_tracked = 1: scratch <- chunk statistics
-            outs, stats = vmap(forward)({**dict(zip(params, leaves)), **scratch}, self.xs)
-            # the loss chunk by chunk, outside vmap: loss_fn(model(x_k), y_k) as the loop calls it
-            losses = torch.stack(
-                [loss_fn(tree_map(lambda t, k=k: t[k], outs), y) for k, y in enumerate(self.y_list)]
-            )
+            batched = {**dict(zip(params, leaves)), **scratch}
+            losses = stats = outs = None
+            flat = flat_cross_entropy(loss_fn) if self.ys is not None else None
+            if flat is not None:  # (1) of optimizers.chunk_losses: one call on the m b rows
+                outs, stats = vmap(forward)(batched, self.xs)
+                losses = flat(outs, self.ys)
+            elif self.ys is not None and _loss_in_vmap(loss_fn) is not False:  # (2): the loss under vmap
+                try:
+                    losses, stats = vmap(forward_loss)(batched, self.xs, self.ys)
+                    _remember_loss_in_vmap(loss_fn, losses.shape == (m,))
+                except Exception:  # noqa: BLE001 - e.g. a loss reading values on the host: (3)
+                    _remember_loss_in_vmap(loss_fn, False)
+                    losses = None
+            if losses is None or losses.shape != (m,):  # (3): chunk by chunk, as the loop calls it
+                if outs is None:
+                    outs, stats = vmap(forward)(batched, self.xs)
+                losses = torch.stack(
+                    [loss_fn(tree_map(lambda t, k=k: t[k], outs), y) for k, y in enumerate(self.y_list)]
+                )
             grads = torch.autograd.grad(losses.sum(), leaves)
         finally:
             for (_, mod), mu in zip(self.bn, momenta):
@@ -237,6 +258,25 @@ class ChunkVectoriser:
                 f = 1.0 / float(mod.num_batches_tracked) if mod.momentum is None else mod.momentum
                 mod.running_mean.copy_(means[k] * f + mod.running_mean * (1.0 - f))
                 mod.running_var.copy_(vars_[k] * f + mod.running_var * (1.0 - f))
+
+
+#: per loss function: does ``loss_fn`` run under ``vmap`` (one batched call for the ``m`` chunks)?
+#: Learnt on first use; a loss that cannot (e.g. one reading a value on the host) is called per chunk.
+_LOSS_IN_VMAP: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _loss_in_vmap(loss_fn: Any) -> bool | None:
+    try:
+        return _LOSS_IN_VMAP.get(loss_fn)
+    except TypeError:  # not weakly referenceable (a builtin): try every time
+        return None
+
+
+def _remember_loss_in_vmap(loss_fn: Any, ok: bool) -> None:
+    try:
+        _LOSS_IN_VMAP[loss_fn] = ok
+    except TypeError:
+        pass
 
 
 _USED: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...], tuple[str, ...]]] = (
@@ -279,12 +319,13 @@ def _vectorised(call: Callable[[], Any]) -> Any:
         raise NotVectorisable(f"vmap failed ({type(exc).__name__}: {msg[:160]})") from exc
 
 
-def perturbation_chunks(opt: Any, closure: Any) -> list[dict[str, Any]]:
+def perturbation_chunks(opt: Any, closure: Any) -> dict[str, torch.Tensor]:
     """The batched m-sharpness step of a two-pass :class:`PerturbationOptimizer` up to the base step.
 
     Sets ``p.grad`` to the descent gradient ``1/m sum_k grad L_k(w + eps_k)`` and returns the
-    per-chunk records (``loss``, the hook's diagnostics, ``loss_perturbed``) as the loop does.
-    Raises :class:`NotVectorisable` (before the model's statistics are touched) to request the loop.
+    per-chunk values the loop records (``loss``, the hook's diagnostics, ``loss_perturbed``), each
+    stacked ``[m]``.  Raises :class:`NotVectorisable` (before the model's statistics are touched) to
+    request the loop.
     """
     pairs = opt._all_pairs()
     params = [p for _, p in pairs]
@@ -292,35 +333,34 @@ def perturbation_chunks(opt: Any, closure: Any) -> list[dict[str, Any]]:
     with torch.enable_grad():
         w = {n: p.detach() for n, p in zip(vec.names, params)}
         g, losses, bn_stats = _vectorised(lambda: vec.grads(w, stacked=False))
-    grad_pairs = [(grp, p) for grp, p in pairs]
     hook = getattr(opt, "_perturbation_batched", None)
     if hook is not None:  # all m perturbations in one pass
-        eps_st, diag = hook(grad_pairs, [g[n] for n in vec.names])
-        records = [{"loss": losses[k], **{key: v[k] for key, v in diag.items()}} for k in range(vec.m)]
+        eps_st, diag = hook(pairs, [g[n] for n in vec.names])
+        stacked = {"loss": losses, **diag}
         points = {n: p.detach() + e for p, n, e in zip(params, vec.names, eps_st)}
     else:  # the method's hook chunk by chunk, with p.grad set to chunk k's gradient
-        records = []
+        diags: list[dict[str, Any]] = []
         eps_all: list[list[torch.Tensor]] = []
         for k in range(vec.m):
             for p, n in zip(params, vec.names):
                 p.grad = g[n][k]
-            eps, d = opt._perturbation(grad_pairs)
-            records.append({"loss": losses[k], **d})
+            eps, d = opt._perturbation(pairs)
+            diags.append(d)
             eps_all.append(list(eps))
         for p in params:
             p.grad = None
+        stacked = {"loss": losses, **{key: torch.stack([d[key] for d in diags]) for key in diags[0]}}
         points = {
             n: torch.stack([p.detach() + eps_all[k][i] for k in range(vec.m)])
             for i, (p, n) in enumerate(zip(params, vec.names))
         }
     with torch.enable_grad():
         g_eps, losses_eps, _ = _vectorised(lambda: vec.grads(points, stacked=True))
-    for k, rec in enumerate(records):
-        rec["loss_perturbed"] = losses_eps[k]
+    stacked["loss_perturbed"] = losses_eps
     for p, n in zip(params, vec.names):
         p.grad = g_eps[n].sum(0).div_(vec.m)
     vec.apply_bn_updates(bn_stats)
-    return records
+    return stacked
 
 
 def bsam_chunks(opt: Any, closure: Any, pairs: list, s_list: list[torch.Tensor]) -> dict[str, Any]:

@@ -6,7 +6,6 @@ where the code differs are in ``docs/methods/optimizers.md``.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,7 @@ from torch import nn
 from landscape.checks import check_range
 from optimizers.batched_chunks import NotVectorisable, batched_reason, bsam_chunks
 from optimizers.bayes.bsam_split import BSAMSplitStep
-from optimizers.perturbation import bn_restore, bn_snapshot
+from optimizers.perturbation import accepts_chunk, bn_restore, bn_snapshot
 from optimizers.posterior import (
     DiagonalGaussianPosterior,
     check_closure_loss,
@@ -35,6 +34,13 @@ def _check_betas(name: str, betas: Any) -> None:
         raise ValueError(f"{name} must be two numbers in [0, 1), got {betas!r}")
     for j, b in enumerate(betas):
         check_range(f"{name}[{j}]", b, 0.0, 1.0, high_open=True)
+
+
+def _mean_of_sums(sums: list[torch.Tensor | None], params: list[torch.Tensor], m: int) -> list[torch.Tensor]:
+    """``sum / m`` per parameter (zeros where a parameter got no gradient); the sums themselves for
+    ``m = 1`` (dividing by one is exact: no copy, no extra pass over the parameters)."""
+    filled = [torch.zeros_like(p) if t is None else t for t, p in zip(sums, params)]
+    return filled if m == 1 else torch._foreach_div(filled, m)
 
 
 class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer):
@@ -271,11 +277,8 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
             group = pairs[idx[0]][0]
             ps = [pairs[i][1] for i in idx]
             ss = [s_list[i] for i in idx]
-            zeros = [torch.zeros_like(p) for p in ps]
-            g_eps = torch._foreach_div(
-                [zeros[j] if g_eps_sum[i] is None else g_eps_sum[i] for j, i in enumerate(idx)], m
-            )
-            h = torch._foreach_div([zeros[j] if h_sum[i] is None else h_sum[i] for j, i in enumerate(idx)], m)
+            g_eps = _mean_of_sums([g_eps_sum[i] for i in idx], ps, m)
+            h = _mean_of_sums([h_sum[i] for i in idx], ps, m)
             gms = [self.state[p]["exp_avg"] for p in ps]
             beta1, beta2 = group["betas"]
             delta = group["prior_precision"] / n
@@ -327,17 +330,12 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
                 "the loss (with m > 1: closure(chunk) computing the loss of sub-batch `chunk`); or run "
                 "the two passes yourself around noise_step(), first_step() and second_step()"
             )
-        if self.m > 1:
-            try:
-                inspect.signature(closure).bind(0)
-            except TypeError:
-                raise TypeError(
-                    f"with m={self.m} the closure must accept a sub-batch index, e.g. "
-                    "`def closure(chunk=None)`, and compute the loss on sub-batch `chunk` "
-                    "(see optimizers.perturbation.make_closure)"
-                ) from None
-            except ValueError:  # signature not introspectable: trust the caller
-                pass
+        if self.m > 1 and not accepts_chunk(closure):
+            raise TypeError(
+                f"with m={self.m} the closure must accept a sub-batch index, e.g. "
+                "`def closure(chunk=None)`, and compute the loss on sub-batch `chunk` "
+                "(see optimizers.perturbation.make_closure)"
+            )
         pairs = self._params()
         params = [p for _, p in pairs]
         s_list = [self._s(p) for p in params]

@@ -73,6 +73,11 @@ class SAM(PerturbationOptimizer):
         grads = [p.grad for _, p in pairs]
         gnorm = global_norm(grads)
         scale = 1.0 / (gnorm + NORM_GUARD)
+        rhos = {group["rho"] for group, _ in pairs}
+        if len(rhos) == 1:  # one rho (the usual case): one foreach product, ||eps|| = rho ||g|| scale
+            factor = scale * rhos.pop()
+            eps = torch._foreach_mul(grads, factor) if grads else []
+            return eps, {"grad_norm": gnorm, "eps_norm": gnorm * factor}
         eps = [g * (group["rho"] * scale) for (group, _), g in zip(pairs, grads)]
         return eps, {"grad_norm": gnorm, "eps_norm": global_norm(eps)}
 
