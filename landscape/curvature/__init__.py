@@ -6,6 +6,8 @@
   :func:`product_kernels`, the kernels every product runs with;
 * ``hessian``, ``ggn``, ``fisher``: the Hessian, generalised Gauss-Newton, empirical and Monte-Carlo
   Fisher operators;
+* ``memory``: ``max_memory=`` of every operator: blocks split into chunks of columns whose measured
+  peak memory stays within a budget;
 * ``linop``: what the spectral estimators accept (operators, dense matrices, objectives);
 * ``eigen``, ``trace``, ``density``: Lanczos eigenvalues, trace/diagonal estimators with error bars,
   and stochastic Lanczos quadrature (``xtrace``: XTrace's state, rank-deficient sketches included);

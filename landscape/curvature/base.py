@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from landscape.curvature.autotune import width_class
+from landscape.curvature.memory import BlockBudget, make_budget
 from landscape.objective import Objective
 
 
@@ -158,15 +160,19 @@ class CurvatureOperator:
     Subclasses implement ``_matmat(V) -> [p, k]`` on the local data; the base class validates the
     input, restores the model's train/eval flags (products only ever see private copies of
     parameters and buffers, so the model itself cannot change), sums over data-parallel ranks
-    and counts products.
+    and counts products.  ``max_memory``: split blocks into chunks of columns whose measured peak
+    stays within this budget (bytes, ``"2GiB"``, a fraction of the free memory; ``None``: no limit,
+    no measurement), see :mod:`landscape.curvature.memory`.
     """
 
     name = "curvature"
     _uses_per_example = False  # built from per-example gradients (undefined for a random forward)
+    _budget: BlockBudget | None = None  # max_memory=None: one pass per block, nothing measured
 
-    def __init__(self, objective: Objective, params: Any = None) -> None:
+    def __init__(self, objective: Objective, params: Any = None, max_memory: Any = None) -> None:
         if not isinstance(objective, Objective):
             raise TypeError(f"expected a landscape.Objective, got {type(objective).__name__}")
+        self._budget = make_budget(max_memory, objective.device, self.name)
         # non-finite data, or a forward drawing random numbers without stochastic="fixed": refuse
         objective._require_fixed(self.name.replace("_", " "), per_example=self._uses_per_example)
         self.objective = objective
@@ -186,6 +192,10 @@ class CurvatureOperator:
 
     def _extra_config(self) -> dict[str, Any]:
         return {}
+
+    def _path_key(self, k: int) -> str:
+        """The product path a block of ``k`` columns runs on: memory fits are kept per path."""
+        return width_class(k)
 
     # ------------------------------------------------------------------ shared helpers
     def _split(self, V: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -227,7 +237,8 @@ class CurvatureOperator:
         # forward switches itself): a full ``guard()`` snapshot per product would cost a copy of the
         # model every time.  Attention runs on the math SDPA backend (second-order AD, see above).
         with self.objective._evaluating(), product_kernels():
-            out = self._matmat(V)
+            budget = self._budget
+            out = self._matmat(V) if budget is None else budget.run(V, self._matmat, self._path_key)
         out = self.objective._all_reduce(out)
         self._check_finite(out)
         self.matvecs += V.shape[1]
@@ -299,7 +310,13 @@ class CurvatureOperator:
         return out
 
     def config(self) -> dict[str, Any]:
-        return {"operator": self.name, "objective": self.objective.config(), **self._extra_config()}
+        budget = None if self._budget is None else self._budget.config()
+        return {
+            "operator": self.name,
+            "objective": self.objective.config(),
+            **self._extra_config(),
+            "memory_budget": budget,
+        }
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}, device={self.device})"

@@ -61,6 +61,7 @@ from torch.func import jvp, vmap
 
 from landscape.curvature.autotune import PathTimer, width_class
 from landscape.curvature.base import product_kernels, saved_tensor_bytes
+from landscape.curvature.memory import make_budget
 from landscape.inputs import _map_inputs
 from landscape.objective import Objective
 
@@ -89,6 +90,9 @@ class HVPEngine:
         fd_eps: relative step of the finite-difference engine (default ``eps^(1/3)`` of the dtype).
         copy: keep private copies of the point (``False``: use ``params`` as given, for a caller
             that holds private copies already, e.g. :class:`~landscape.curvature.HessianOperator`).
+        max_memory: split blocks into chunks of columns whose measured peak stays within this budget
+            (:mod:`landscape.curvature.memory`; ``None``: no limit; a ``HessianOperator`` splits
+            blocks itself, before they reach its engine).
 
     Products run with :func:`~landscape.curvature.base.product_kernels`: attention on the math SDPA
     backend (the fused kernels have no double backward) and eval-mode batch norm as its affine map.
@@ -107,6 +111,7 @@ class HVPEngine:
         graph_chunks: int | str = "auto",
         calibrate: bool | str = "auto",
         timer: Any = None,
+        max_memory: Any = None,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -123,6 +128,7 @@ class HVPEngine:
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size}")
         objective._require_fixed("hessian")
+        self._budget = make_budget(max_memory, objective.device, "hessian")
         self.objective = objective
         self.engine = engine
         self.chunk_size = chunk_size
@@ -183,6 +189,7 @@ class HVPEngine:
             "graph_chunks_used": self.graph_chunks_used,
             "graph_chunks_reason": self.graph_chunks_reason,
             "calibrate": self.calibrate,
+            "memory_budget": None if self._budget is None else self._budget.config(),
         }
         if self._paths is not None:
             out.update(self._paths.config())
@@ -191,9 +198,24 @@ class HVPEngine:
     def _run_path(self, path: str, V: torch.Tensor) -> torch.Tensor:
         return self._forward_over_reverse(V) if path == "forward_over_reverse" else self._double_backward(V)
 
+    def path_key(self, k: int) -> str:
+        """The path a block of ``k`` columns runs on now, and its width class (memory fits per key)."""
+        cls = width_class(k)
+        if self._paths is not None:
+            return f"{self._paths.choice.get(cls, 'uncalibrated')}/{cls}"
+        path = self.engine_used
+        if self.engine == "auto" and self.objective.device.type != "cpu" and self.fallback_reason is None:
+            path = "forward_over_reverse" if k >= AUTO_BLOCK else "double_backward"
+        return f"{path}/{cls}"
+
     # ------------------------------------------------------------------ public
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
         """``H @ V`` for ``V`` of shape ``[p, k]`` (local data; no all-reduce here)."""
+        if self._budget is not None:
+            return self._budget.run(V, self._matmat, self.path_key)
+        return self._matmat(V)
+
+    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
         if self._paths is not None:
             with self.objective._evaluating(), product_kernels():
                 out = self._paths.run(V, self._run_path)

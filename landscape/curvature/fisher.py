@@ -88,6 +88,8 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         jvp: output space: ``"forward"``, ``"linearize"`` or ``"double_vjp"`` (as for the GGN).
         cache_bytes: per example: keep the per-example gradients while they fit in this many bytes.
         per: ``"example"`` or ``"loss_term"`` (above; ``"loss_term"`` needs the output-space method).
+        max_memory: split blocks into chunks of columns whose measured peak stays within this budget
+            (:mod:`landscape.curvature.memory`; ``None``: no limit).
     """
 
     name = "empirical_fisher"
@@ -104,6 +106,7 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         jvp: str = "forward",
         cache_bytes: int = 2**28,
         per: str = "example",
+        max_memory: int | float | str | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -113,7 +116,9 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
             raise ValueError("per='loss_term' needs method='output_space' (the default)")
         self.per = per
         self._term_kind = term_kind(objective.loss_fn) if per == "loss_term" else None
-        super().__init__(objective, params, chunk_size=chunk_size, cache=cache, jvp=jvp)
+        super().__init__(
+            objective, params, chunk_size=chunk_size, cache=cache, jvp=jvp, max_memory=max_memory
+        )
         self.method = method
         self.method_used = method
         self.fallback_reason: str | None = None
@@ -238,6 +243,9 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
                 self._linearised = None
         return self._per_example_matmat(V)
 
+    def _path_key(self, k: int) -> str:
+        return f"{self.method_used}/{super()._path_key(k)}"
+
     def _extra_config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {
             "per": self.per,
@@ -294,6 +302,7 @@ class FisherOperator(EmpiricalFisherOperator):
         cache: bool | str = "auto",
         jvp: str = "forward",
         cache_bytes: int = 2**28,
+        max_memory: int | float | str | None = None,
     ) -> None:
         if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
             raise ValueError(f"samples must be a positive int, got {samples!r}")
@@ -311,6 +320,7 @@ class FisherOperator(EmpiricalFisherOperator):
             cache=cache,
             jvp=jvp,
             cache_bytes=cache_bytes,
+            max_memory=max_memory,
         )
         self.sampled_targets = self._sample()
 
@@ -380,10 +390,12 @@ def empirical_fisher(
     jvp: str = "forward",
     cache_bytes: int = 2**28,
     per: str = "example",
+    max_memory: int | float | str | None = None,
 ) -> EmpiricalFisherOperator:
     """The empirical Fisher ``c sum_n g_n g_n^T`` (``c = 1/N`` mean, ``1`` sum) as an operator
     (``method="output_space"``: one jvp + one vjp per product; ``"per_example"``: cached gradients;
-    ``per="loss_term"``: curvlinops' convention, see :class:`EmpiricalFisherOperator`)."""
+    ``per="loss_term"``: curvlinops' convention, see :class:`EmpiricalFisherOperator`;
+    ``max_memory``: blocks split into chunks within this budget, :mod:`landscape.curvature.memory`)."""
     return EmpiricalFisherOperator(
         objective,
         params,
@@ -393,6 +405,7 @@ def empirical_fisher(
         jvp=jvp,
         cache_bytes=cache_bytes,
         per=per,
+        max_memory=max_memory,
     )
 
 
@@ -408,9 +421,11 @@ def fisher(
     cache: bool | str = "auto",
     jvp: str = "forward",
     cache_bytes: int = 2**28,
+    max_memory: int | float | str | None = None,
 ) -> FisherOperator:
     """Monte-Carlo Fisher of the loss's own likelihood with ``samples`` labels per example drawn
-    (``seed``) from the predictive; ``E[F]`` is the GGN (:class:`FisherOperator`)."""
+    (``seed``) from the predictive; ``E[F]`` is the GGN (:class:`FisherOperator`; ``max_memory``:
+    blocks split into chunks within this budget, :mod:`landscape.curvature.memory`)."""
     return FisherOperator(
         objective,
         params,
@@ -422,4 +437,5 @@ def fisher(
         cache=cache,
         jvp=jvp,
         cache_bytes=cache_bytes,
+        max_memory=max_memory,
     )

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch.func import jvp, linearize, vmap
 
+from landscape.curvature.autotune import width_class
 from landscape.curvature.base import CurvatureOperator, saved_tensor_bytes
 from landscape.curvature.output_hessian import output_hessian
 from landscape.objective import Objective
@@ -254,6 +255,8 @@ class OutputSpaceOperator(CurvatureOperator):
             one parameter vector of memory (module docstring).
         jvp: ``"forward"`` (forward-mode AD, default), ``"linearize"`` (traced once, fastest per
             product, more memory) or ``"double_vjp"`` (reverse mode only).
+        max_memory: split blocks into chunks of columns whose measured peak stays within this budget
+            (:mod:`landscape.curvature.memory`; ``None``: no limit).
     """
 
     def __init__(
@@ -264,8 +267,9 @@ class OutputSpaceOperator(CurvatureOperator):
         chunk_size: int | None = 32,
         cache: bool | str = "auto",
         jvp: str = "forward",
+        max_memory: int | float | str | None = None,
     ) -> None:
-        super().__init__(objective, params)
+        super().__init__(objective, params, max_memory=max_memory)
         if jvp not in JVP_MODES:
             raise ValueError(f"jvp must be one of {JVP_MODES}, got {jvp!r}")
         if cache not in (True, False, "auto"):
@@ -350,6 +354,10 @@ class OutputSpaceOperator(CurvatureOperator):
             del lin, res  # uncached: free this batch's graph before the next one is built
         return total.unsqueeze(1) if k == 1 else total.T
 
+    def _path_key(self, k: int) -> str:
+        st = self._state
+        return f"{st.get('jvp_used', self.jvp)}/vmap={st.get('vmap', True)}/{width_class(k)}"
+
     def _extra_config(self) -> dict[str, Any]:
         return {
             "chunk_size": self.chunk_size,
@@ -387,6 +395,8 @@ def ggn(
     chunk_size: int | None = 32,
     cache: bool | str = "auto",
     jvp: str = "forward",
+    max_memory: int | float | str | None = None,
 ) -> GGNOperator:
-    """The generalised Gauss-Newton matrix ``sum_b w_b J_b^T H_out,b J_b`` as an operator."""
-    return GGNOperator(objective, params, chunk_size=chunk_size, cache=cache, jvp=jvp)
+    """The generalised Gauss-Newton matrix ``sum_b w_b J_b^T H_out,b J_b`` as an operator
+    (``max_memory``: blocks split into chunks within this budget, :mod:`landscape.curvature.memory`)."""
+    return GGNOperator(objective, params, chunk_size=chunk_size, cache=cache, jvp=jvp, max_memory=max_memory)

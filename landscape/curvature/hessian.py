@@ -28,8 +28,9 @@ class HessianOperator(CurvatureOperator):
         fd_eps: float | None = None,
         graph_chunks: int | str = "auto",
         calibrate: bool | str = "auto",
+        max_memory: int | float | str | None = None,
     ) -> None:
-        super().__init__(objective, params)
+        super().__init__(objective, params, max_memory=max_memory)
         self.engine = HVPEngine(
             objective,
             self._full(self._theta),
@@ -40,7 +41,7 @@ class HessianOperator(CurvatureOperator):
             graph_chunks=graph_chunks,
             calibrate=calibrate,
             copy=False,  # the operator's own private copies: no second copy of the point
-        )
+        )  # max_memory stays with the operator: it splits blocks before they reach the engine
 
     @property
     def engine_used(self) -> str:
@@ -48,6 +49,9 @@ class HessianOperator(CurvatureOperator):
 
     def _matmat(self, V: torch.Tensor) -> torch.Tensor:
         return self.engine.matmat(V)
+
+    def _path_key(self, k: int) -> str:
+        return self.engine.path_key(k)
 
     def _extra_config(self) -> dict[str, Any]:
         return self.engine.config()
@@ -64,11 +68,13 @@ def hessian(
     fd_eps: float | None = None,
     graph_chunks: int | str = "auto",
     calibrate: bool | str = "auto",
+    max_memory: int | float | str | None = None,
 ) -> HessianOperator:
     """The Hessian of the whole-dataset loss as a :class:`CurvatureOperator` (see ``curvature.engines``;
     ``graph_chunks``: the cached graph as sub-graphs over the examples, for lower peak memory;
     ``calibrate``: with ``engine="auto"``, time the engines on the first blocks and keep the fastest
-    -- ``"auto"``: on accelerators, not on a CPU)."""
+    -- ``"auto"``: on accelerators, not on a CPU; ``max_memory``: blocks split into chunks of columns
+    whose measured peak stays within this budget, :mod:`landscape.curvature.memory`)."""
     return HessianOperator(
         objective,
         params,
@@ -78,6 +84,7 @@ def hessian(
         fd_eps=fd_eps,
         graph_chunks=graph_chunks,
         calibrate=calibrate,
+        max_memory=max_memory,
     )
 
 
@@ -88,10 +95,19 @@ def hvp(
     *,
     engine: str = "auto",
     chunk_size: int | None = 32,
+    max_memory: int | float | str | None = None,
 ) -> torch.Tensor:
-    """One-off Hessian-vector product ``H v`` (``v``: ``[p]`` or ``[p, k]``) of the whole-dataset loss.
+    """One-off Hessian-vector product ``H v`` (``v``: ``[p]`` or ``[p, k]``) of the whole-dataset loss
+    (``max_memory``: as for :func:`hessian`).
 
     For repeated products build an operator once (``landscape.hessian(obj)``): it caches the graph.
     """
-    op = HessianOperator(objective, params=params, engine=engine, chunk_size=chunk_size, cache_graph=False)
+    op = HessianOperator(
+        objective,
+        params=params,
+        engine=engine,
+        chunk_size=chunk_size,
+        cache_graph=False,
+        max_memory=max_memory,
+    )
     return op @ v
