@@ -41,7 +41,7 @@ st.markdown(
 | **Experiments** | run directories of `python -m experiments run`: mean ± std over seeds per method, training curves, reliability diagrams | experiments runner |
 | **Curvature monitor** | λ_max of the training-loss Hessian during full-batch gradient descent against the stability threshold 2/lr; the *edge of stability* preset (MSE) shows λ_max rising to 2/lr and staying there | edge of stability (Cohen et al. 2021, Fig. 1) |
 | **Paths between minima** | loss along the straight line and a trained Bézier curve between two networks, the barrier heights, and whether the two ends are minima | Garipov et al. 2018; Frankle et al. 2020; Entezari et al. 2022 |
-| **Flatness study** | Kendall τ-b (bootstrap interval) and granulated Ψ of each sharpness measure against the gap, test or OOD error over a population of models; measure-vs-target scatter panels | Jiang et al. 2020; `experiments.study` |
+| **Flatness study** | Kendall τ-b (bootstrap interval) and granulated Ψ of each sharpness measure against the gap, test or OOD error over one population of models (those that reached the study's stopping rule), or the report's intervals pooled over the populations; measure-vs-target scatter panels | Jiang et al. 2020; `experiments.study` |
 
 The same analysis from Python:
 """
@@ -59,7 +59,7 @@ the accepted values. Lists are comma-separated, `all` selects every option.
 | Smoothed objectives | `problem`, `rho`, `resolution` |
 | Network landscape | `optimizers`, `model`, `epochs`, `analyses` |
 | Curvature monitor | `preset` (`cross_entropy`, `edge_of_stability`) |
-| Flatness study | `target` (`gap_error`, `test_error`, `ood_error`) |
+| Flatness study | `population` (`0`, `1`, ..., `pooled`), `target` (`gap_error`, `test_error`, `ood_error`) |
 
 Examples (each opens the page with these settings):
 """

@@ -1,47 +1,72 @@
-"""Flatness study page logic: load a population of models written by ``python -m experiments.study``,
-correlate each sharpness measure with a generalisation target through the study module's own
-functions (:func:`experiments.study.correlate`: Kendall tau-b with a percentile bootstrap interval
-and the granulated tau Psi of Jiang et al. 2020, Sec. 4, eqs. 3-4) and draw measure-vs-target
-scatter panels. Plain functions returning DataFrames, dicts and Plotly figures."""
+"""Flatness study page logic: load a study written by ``python -m experiments.study`` (its per-model
+table, the members of each population and the stopping rule), correlate each sharpness measure
+with a generalisation target through the study module's own functions
+(:func:`experiments.study.correlate`: Kendall tau-b with a percentile bootstrap interval and the
+granulated tau Psi of Jiang et al. 2020, Sec. 4, eqs. 3-4), one population at a time, show the
+report's pooled intervals (:func:`experiments.study.combine.combine`) and draw measure-vs-target
+scatter panels. Only the members that enter the report's correlations (status not ``diverged`` or
+``not_converged``, :data:`experiments.study.report.EXCLUDED`) are correlated and plotted; reading
+the files and choosing those rows is :mod:`dashboard.study_data` (re-exported here). Plain
+functions returning DataFrames, dicts, strings and Plotly figures."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dashboard import UserInputError
 from dashboard.layout import grid_shape
+from dashboard.study_data import (
+    DEFAULT_DIR,
+    POOLED,
+    ROOT,
+    Study,
+    excluded_rows,
+    included,
+    included_ids,
+    load_population,
+    load_study,
+    population_choices,
+    population_frame,
+    records,
+)
 from experiments.study import AXES, correlate
-from experiments.study.report import collect_rows
-from landscape.io import read_json
 
 __all__ = [
     "DEFAULT_DIR",
+    "POOLED",
+    "ROOT",
     "TARGET_LABELS",
+    "Study",
     "axes_of",
-    "correlation_table",
-    "load_population",
-    "measures_of",
-    "records",
-    "scatter_figure",
     "barely_trained",
     "barely_trained_text",
+    "correlation_table",
+    "excluded_rows",
+    "included",
+    "included_ids",
+    "load_population",
+    "load_study",
     "log_ticks",
+    "measures_of",
+    "pooled_summary_text",
+    "pooled_table",
+    "population_choices",
+    "population_frame",
+    "population_label",
+    "population_text",
+    "records",
+    "scatter_figure",
+    "stopping_text",
     "summary_text",
     "targets_of",
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
-#: the committed example study (``study_digits_population.csv`` and ``study_digits.json``)
-DEFAULT_DIR = ROOT / "docs" / "figures"
 
 #: the generalisation targets the page offers, in this order, when the table holds them
 TARGET_LABELS: dict[str, str] = {
@@ -63,124 +88,12 @@ _NOT_MEASURES = {
     "ood_loss",
     "final_epoch_loss",
     "seconds",
+    "cpu_seconds",
+    "epochs",
+    "status",
+    "populations",
+    "divergence",
 }
-
-
-def _resolve(path: str | Path) -> Path:
-    p = Path(str(path).strip() or DEFAULT_DIR).expanduser()
-    if not p.is_absolute() and not p.exists() and (ROOT / p).exists():
-        p = ROOT / p
-    return p
-
-
-def load_population(path: str | Path = DEFAULT_DIR) -> tuple[pd.DataFrame, list[str] | None]:
-    """The per-model table of a study and its measure names (``None`` when no config says them).
-
-    ``path`` is a study directory (``population.csv`` from ``report``, or ``study_config.json`` and
-    ``models/*.json`` from ``run``), a directory holding one ``*_population.csv`` (the committed
-    example in ``docs/figures``) or a population CSV file."""
-    p = _resolve(path)
-    if not p.exists():
-        raise UserInputError(
-            f"{p} does not exist; give a directory written by `python -m experiments.study run CONFIG "
-            f"--out DIR` (then `report DIR`), or leave the box empty for the example in {DEFAULT_DIR}"
-        )
-    measures = None
-    if p.is_file():
-        csv_path = p
-    elif (p / "population.csv").is_file():
-        csv_path = p / "population.csv"
-    elif (p / "study_config.json").is_file():
-        try:
-            rows, cfg = collect_rows(p)  # names a truncated or corrupt file and the fix
-        except ValueError as exc:
-            raise UserInputError(str(exc)) from None
-        return pd.DataFrame(rows), [m["name"] for m in cfg["measures"]]
-    else:
-        found = sorted(p.glob("*_population.csv"))
-        if len(found) != 1:
-            raise UserInputError(
-                f"{p} holds no population.csv, study_config.json or single *_population.csv; run "
-                f"`python -m experiments.study run CONFIG --out {p}` and `report {p}` first"
-            )
-        csv_path = found[0]
-    if csv_path.suffix.lower() != ".csv":
-        raise UserInputError(f"{csv_path} is not a CSV file; give the study directory or its population CSV")
-    df = _read_population_csv(csv_path)
-    if df.empty:
-        raise UserInputError(f"{csv_path} holds no models")
-    stem = csv_path.name.removesuffix("population.csv").rstrip("_")
-    docs = [csv_path.with_name("correlation.json")] + ([csv_path.with_name(f"{stem}.json")] if stem else [])
-    for doc_path in docs:
-        if doc_path.is_file():
-            measures = _report_measures(doc_path)
-            if measures is not None:
-                break
-    return df, measures
-
-
-def _rewrite_fix(path: Path) -> str:
-    return (
-        f"delete it and run `python -m experiments.study report {path.parent}` to write it again from "
-        "models/*.json (or restore the file)"
-    )
-
-
-def _read_population_csv(path: Path) -> pd.DataFrame:
-    """A population CSV written by ``report``; an empty, truncated or corrupt file raises
-    :class:`UserInputError` naming it, what is wrong and the fix."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-        raise UserInputError(f"cannot read {path}: {why} — check the path and its permissions") from None
-    fix = _rewrite_fix(path)
-    if not raw.strip():
-        raise UserInputError(f"{path} is empty (an interrupted copy?) — {fix}")
-    try:
-        text = raw.decode("utf-8")
-        lines = list(csv.reader(io.StringIO(text)))
-    except (UnicodeDecodeError, csv.Error) as exc:
-        why = f"byte {exc.start} is not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
-        raise UserInputError(f"{path} is not a CSV table ({why}; binary or corrupt?) — {fix}") from None
-    width = len(lines[0])
-    short = next((i for i, r in enumerate(lines[1:], 2) if r and len(r) != width), None)
-    if not text.endswith("\n") or short is not None:
-        n = short or len(lines)
-        where = (
-            f"line {n} has {len(lines[n - 1])} of {width} columns"
-            if short
-            else f"it ends inside line {n}, without a final newline"
-        )
-        raise UserInputError(f"{path} is truncated or corrupt ({where}; an interrupted copy?) — {fix}")
-    try:
-        return pd.read_csv(io.StringIO(text))
-    except (ValueError, pd.errors.ParserError) as exc:
-        why = " ".join(str(exc).split())
-        raise UserInputError(f"{path} is not a valid CSV table ({why}) — {fix}") from None
-
-
-def _report_measures(path: Path) -> list[str] | None:
-    """The measure names of a report's JSON (``correlation.json``); ``None`` when it is another JSON
-    file. A truncated or corrupt file raises :class:`UserInputError` naming it and the fix."""
-    try:
-        doc = read_json(path, what="study report (JSON)", fix=_rewrite_fix(path))
-    except ValueError as exc:
-        raise UserInputError(str(exc)) from None
-    if not (isinstance(doc, dict) and "study" in doc):
-        return None
-    measures = doc["study"].get("measures") if isinstance(doc["study"], dict) else None
-    if not (isinstance(measures, list) and all(isinstance(m, dict) and "name" in m for m in measures)):
-        raise UserInputError(
-            f"{path} is not a study report: its 'study' table holds no 'measures' list of tables with a "
-            f"'name' (truncated or edited?) — {_rewrite_fix(path)}"
-        )
-    return [m["name"] for m in measures]
-
-
-def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """The rows as plain Python values (NaN/empty cells become ``None``), as the study module takes them."""
-    return json.loads(df.to_json(orient="records"))
 
 
 def targets_of(df: pd.DataFrame) -> list[str]:
@@ -219,6 +132,165 @@ def correlation_table(
     entries = correlate(records(df), measures, [target], axes_of(df), samples=samples, level=level, seed=seed)
     cols = ["measure", "n", "tau", "low", "high", "Psi", "level", "samples", "seed"]
     return pd.DataFrame([{k: e[k] for k in cols} for e in entries], columns=cols)
+
+
+def population_label(study: Study, choice: int | str) -> str:
+    """The selector's label of a population (its sampling seed and models) or of the pooled view."""
+    if choice == POOLED:
+        return f"all {len(study.populations)} populations pooled (the report's intervals)"
+    ids = study.populations[int(choice)]
+    kept = included_ids(study)
+    inc = sum(i in kept for i in ids)
+    seed = f"sampling seed {study.seeds[int(choice)]}, " if study.seeds else ""
+    models = f"{inc} models" if inc == len(ids) else f"{inc} of {len(ids)} models"
+    return f"population {choice} ({seed}{models})"
+
+
+def _counted(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def stopping_text(study: Study) -> str:
+    """The stopping rule and how many members reached it; how many are excluded from the
+    correlations, and why."""
+    df = study.df
+    status = df["status"].astype(str) if "status" in df.columns else pd.Series("completed", index=df.index)
+    n = len(df)
+    not_converged = int((status == "not_converged").sum())
+    diverged = int((status == "diverged").sum())
+    out = int((~included(df)).sum())
+    parts = []
+    if study.stop:
+        loss, most = study.stop.get("train_loss"), study.stop.get("max_epochs")
+        parts.append(
+            f"**Stopping rule:** every model trained until the cross-entropy on its whole training set "
+            f"was at most {loss:g} (checked after every epoch, at most {most} epochs)."
+        )
+        reached = df[status == "completed"]
+        how = ""
+        if "epochs" in df.columns and len(reached):
+            ep = reached["epochs"].astype(int)
+            how = f" (after {ep.min()}–{ep.max()} epochs, median {float(ep.median()):g})"
+        parts.append(f"{len(reached)} of the {n} models reached it{how}.")
+    elif study.measures is not None:
+        parts.append("This study has no stopping rule: every model trained for the configured epochs.")
+    else:
+        parts.append("No report or config comes with this table, so its stopping rule is not known.")
+    if out == 0:
+        parts.append("No model is excluded from the correlations.")
+    else:
+        why = []
+        if not_converged:
+            limit = f" within {study.stop['max_epochs']} epochs" if study.stop else ""
+            why.append(f"{not_converged} did not reach the target training loss{limit}")
+        if diverged:
+            why.append(f"{diverged} diverged")
+        verb = "is" if out == 1 else "are"
+        parts.append(
+            f"{out} {verb} excluded from the correlations and the plots ({', '.join(why)}; listed below)."
+        )
+    return " ".join(parts)
+
+
+def population_text(study: Study, choice: int | str) -> str:
+    """What the selected view is: a population (its members, how many enter the correlations) or the
+    report's pooled intervals (how they are computed)."""
+    pops = study.populations
+    inc = included_ids(study)
+    if choice == POOLED:
+        doc = study.report or {}
+        boot = doc.get("bootstrap", {})
+        distinct = len(population_frame(study, POOLED))
+        return (
+            f"**Pooled over the {len(pops)} populations**, from the report "
+            f"(`{study.report_path.name if study.report_path else 'correlation.json'}`): τ is the mean of "
+            f"the populations' τ-b and the interval the "
+            f"{boot.get('level', 0.95):.0%} percentile interval of all their bootstrap resamples together "
+            f"({boot.get('samples', '?')} per population, seed {boot.get('seed', '?')}: an equal-weight "
+            "mixture), so it includes the variability between populations; `populations_excluding_0` "
+            "counts the populations whose own interval excludes 0, Ψ is the mean of their granulated τ. "
+            "The resamples set in the sidebar apply to single populations. The plots show the "
+            f"{distinct} distinct models in the correlations, each once."
+        )
+    k = int(choice)
+    ids = pops[k]
+    n_in = sum(i in inc for i in ids)
+    seed = f" (sampling seed {study.seeds[k]})" if study.seeds else ""
+    text = f"**Population {k}**{seed}: {_counted(len(ids), 'member')}, {n_in} in the correlations"
+    if n_in < len(ids):
+        text += f", {len(ids) - n_in} excluded"
+    text += "."
+    if len(pops) > 1:
+        distinct = {i for pop in pops for i in pop}
+        shared = sum(1 for i in distinct if sum(i in pop for pop in pops) > 1)
+        sizes = "/".join(str(len(pop)) for pop in pops)
+        text += (
+            f" The study has {len(pops)} populations ({sizes} members; {len(distinct)} distinct models, "
+            f"{shared} of them in more than one), each correlated on its own as the report does."
+        )
+    return text
+
+
+def pooled_table(study: Study, measures: list[str], target: str) -> pd.DataFrame:
+    """One row per measure from the report's pooled entries (:func:`experiments.study.combine.combine`):
+    the models of each population's correlation (``160/159/154``), the mean tau, the pooled bootstrap
+    interval, how many populations' own intervals exclude 0, the mean granulated Psi and each
+    population's tau."""
+    if study.report is None:
+        raise UserInputError(
+            "the pooled intervals need the study's report: run `python -m experiments.study report DIR`"
+        )
+    if target not in study.report.get("targets", [target]):
+        raise UserInputError(f"the report has no correlations with {target!r}")
+    by = {(e["measure"], e["target"]): e for e in study.report["combined"]}
+    boot = study.report.get("bootstrap", {})
+    rows = []
+    for m in measures:
+        e = by.get((m, target))
+        if e is None:
+            raise UserInputError(f"the report has no pooled entry for {m!r} against {target!r}")
+        row = {
+            "measure": m,
+            "n": "/".join(str(v) for v in e["n"]),
+            "tau": e["tau"],
+            "low": e["low"],
+            "high": e["high"],
+            "populations_excluding_0": e["excludes_zero"],
+            "Psi": e["Psi"],
+            "level": boot.get("level", 0.95),
+            "samples": boot.get("samples"),
+            "seed": boot.get("seed"),
+        }
+        row.update({f"tau_{k}": v for k, v in enumerate(e["taus"])})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _interval_sentences(table: pd.DataFrame, what: str = "interval") -> list[str]:
+    pos = table[table["low"] > 0]["measure"].tolist()
+    neg = table[table["high"] < 0]["measure"].tolist()
+    cap = what[0].upper() + what[1:]
+    parts = [f"{cap} above 0: {', '.join(pos)}." if pos else f"No {what} lies above 0."]
+    parts.append(f"{cap} below 0: {', '.join(neg)}." if neg else f"No {what} lies below 0.")
+    rest = len(table) - len(pos) - len(neg)
+    parts.append(f"{rest} of {len(table)} {what}s contain 0.")
+    return parts
+
+
+def pooled_summary_text(table: pd.DataFrame, target: str) -> str:
+    """Which pooled intervals exclude zero, and in how many populations each measure's own does."""
+    if table.empty:
+        return "No measure selected."
+    label = TARGET_LABELS.get(target, target)
+    n_pop = sum(c.startswith("tau_") for c in table.columns)
+    every = table[table["populations_excluding_0"] == n_pop]["measure"].tolist()
+    head = f"Mean τ-b over the populations of each measure against {label}, with the pooled interval."
+    tail = (
+        f"In all {n_pop} populations the measure's own interval excludes 0 for: {', '.join(every)}."
+        if every
+        else f"No measure's own interval excludes 0 in all {n_pop} populations."
+    )
+    return " ".join([head, *_interval_sentences(table, "pooled interval"), tail])
 
 
 #: training error above which a model counts as barely trained (the page's default)
@@ -315,12 +387,14 @@ def scatter_figure(
     target: str,
     table: pd.DataFrame,
     threshold: float | None = BARELY_TRAINED,
+    tau_label: str = "τ",
 ) -> go.Figure:
     """One panel per measure against ``target`` (models where both are finite; log x when all values
     are positive, with readable tick labels :func:`log_ticks`); the colour of a point is its
     optimizer, its marker its model, open markers the models whose training error is above
     ``threshold`` (key above the panels, :func:`legend_text`); tau-b and its interval from
-    ``table`` in each title; at most three panels a row."""
+    ``table`` in each title (``tau_label``: what the tau is, ``mean τ`` for the pooled view); at
+    most three panels a row. Column operations only (no loop over the models)."""
     if not measures:
         raise UserInputError("select at least one measure to plot")
     by = table.set_index("measure")
@@ -329,7 +403,7 @@ def scatter_figure(
     for m in measures:
         e = by.loc[m]
         tau = "n/a" if math.isnan(e["tau"]) else f"{e['tau']:+.2f} [{e['low']:+.2f}, {e['high']:+.2f}]"
-        titles.append(f"{m}<br>τ = {tau}")
+        titles.append(f"{m}<br>{tau_label} = {tau}")
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, vertical_spacing=0.3 / rows + 0.05)
     label = TARGET_LABELS.get(target, target)
     colours, symbols = styles(df)
@@ -338,15 +412,24 @@ def scatter_figure(
     for i, m in enumerate(measures):
         r, c = divmod(i, cols)
         sub = df[list(dict.fromkeys([m, target, *extra]))].dropna(subset=[m, target])
-        sub = sub[sub[m].map(math.isfinite) & sub[target].map(math.isfinite)]
-        colour = [colours.get(str(o), "#555555") for o in sub["optimizer"]] if "optimizer" in sub else None
-        symbol = [symbols[str(k)][0] for k in sub["model"]] if "model" in sub else ["circle"] * len(sub)
-        symbol = [s + "-open" if bool(weak.loc[ix]) else s for s, ix in zip(symbol, sub.index)]
-        hover = [
-            " · ".join(str(row[k]) for k in ("id", "optimizer", "model") if k in sub)
-            + (f"<br>training error {row['train_error']:.3g}" if "train_error" in sub else "")
-            for _, row in sub.iterrows()
-        ]
+        finite = np.isfinite(sub[m].to_numpy(float)) & np.isfinite(sub[target].to_numpy(float))
+        sub = sub[finite]
+        colour = (
+            sub["optimizer"].astype(str).map(colours).fillna("#555555").tolist()
+            if "optimizer" in sub
+            else None
+        )
+        shape = (
+            sub["model"].astype(str).map({k: s for k, (s, _) in symbols.items()})
+            if "model" in sub
+            else pd.Series("circle", index=sub.index)
+        )
+        symbol = shape.where(~weak.loc[sub.index].to_numpy(bool), shape + "-open").tolist()
+        names = [sub[k].astype(str) for k in ("id", "optimizer", "model") if k in sub]
+        hover = names[0].str.cat(names[1:], sep=" · ") if names else pd.Series("", index=sub.index)
+        if "train_error" in sub:
+            hover = hover + "<br>training error " + sub["train_error"].map("{:.3g}".format)
+        hover = hover.tolist()
         fig.add_trace(
             go.Scatter(
                 x=sub[m].to_numpy(float),
@@ -415,11 +498,4 @@ def summary_text(table: pd.DataFrame, target: str, n_models: int) -> str:
         f"resamples, seed {int(first['seed'])}); Ψ is the granulated τ (mean over the varying "
         "hyperparameter axes)."
     )
-    pos = table[table["low"] > 0]["measure"].tolist()
-    neg = table[table["high"] < 0]["measure"].tolist()
-    parts = [head]
-    parts.append(f"Interval above 0: {', '.join(pos)}." if pos else "No interval lies above 0.")
-    parts.append(f"Interval below 0: {', '.join(neg)}." if neg else "No interval lies below 0.")
-    rest = len(table) - len(pos) - len(neg)
-    parts.append(f"{rest} of {len(table)} intervals contain 0.")
-    return " ".join(parts)
+    return " ".join([head, *_interval_sentences(table)])

@@ -1,9 +1,10 @@
 """``python -m experiments.study run CONFIG --out DIR`` and ``python -m experiments.study report DIR``.
 
 Every failure ends in one ``error: <what> — <how to fix>`` line on stderr (``--debug`` adds the
-traceback). Each member is a run of the experiment runner under ``DIR/runs/`` (``config.toml`` there
-repeats it with ``python -m experiments run``). ``run`` is resumable: a member whose result file
-exists with the same configuration is skipped, an interrupted member resumes from its last epoch.
+traceback). ``run --jobs N`` trains and measures N members at a time in worker processes. Each
+member is a run of the experiment runner under ``DIR/runs/`` (``config.toml`` there repeats it with
+``python -m experiments run``). ``run`` is resumable: a member whose result file exists with the
+same configuration is skipped, an interrupted member resumes from its last epoch.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ def _parser(prog: str = "python -m experiments.study") -> Parser:
     run.add_argument(
         "--out", required=True, help="output directory (runs/, models/<id>.json, tables, figure)"
     )
+    run.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="members trained and measured at a time, in worker processes of `threads` threads each "
+        "(default 1: in this process); the results do not depend on it",
+    )
     run.add_argument("--dry-run", action="store_true", help="list the members' run directories and stop")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="skip the correlation report at the end")
@@ -72,6 +80,8 @@ def _parser(prog: str = "python -m experiments.study") -> Parser:
     rep.add_argument("dir", help="the --out directory of a run")
     rep.add_argument("--figure", help="also write the figure (PNG) here")
     rep.add_argument("--json", help="also write the correlation JSON here")
+    rep.add_argument("--csv", help="also write the per-model table (population.csv) here")
+    rep.add_argument("--markdown", help="also write the correlation tables (correlation.md) here")
     rep.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
     rep.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     add_debug_option(rep)
@@ -88,14 +98,18 @@ def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         cfg = load_study_config(resolve_config(args.config))
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be a positive integer, got {args.jobs} — use --jobs 1 or more")
         members = member_runs(cfg, args.out)
-        note(f"{len(members)} models ({cfg['sampling']} sampling) -> {args.out}")
+        pops = cfg["populations"]
+        of = f" in {pops} populations" if pops > 1 else ""
+        note(f"{len(members)} models{of} ({cfg['sampling']} sampling) -> {args.out}")
         if args.dry_run:
             for _, run in members:
                 print(run.run_dir)
             return 0
         try:
-            run_population(cfg, args.out, progress=not args.no_progress, log=note)
+            run_population(cfg, args.out, progress=not args.no_progress, log=note, jobs=args.jobs)
             if not args.no_report:
                 doc = write_report(args.out)
                 print(doc["markdown"], end="")
@@ -105,7 +119,13 @@ def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
         return 0
     if args.command == "report":
         doc = write_report(
-            args.dir, figure=args.figure, json_path=args.json, samples=args.bootstrap, seed=args.seed
+            args.dir,
+            figure=args.figure,
+            json_path=args.json,
+            csv_path=args.csv,
+            markdown_path=args.markdown,
+            samples=args.bootstrap,
+            seed=args.seed,
         )
         print(doc["markdown"], end="")
         return 0

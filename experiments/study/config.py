@@ -4,12 +4,15 @@ measures and where to find them", Sec. 3-4: many models over a hyperparameter sp
 A study config (TOML) names the hyperparameter ``space`` (one list of values per axis: ``model``,
 ``optimizer``, ``lr``, ``batch_size``, ``weight_decay``, ``width``, ``n_train``, ``seed``), how to
 sample it (``grid``: the full product; ``random``: ``n_models`` distinct points; ``star``: ``bases``
-random base points and, for each, every one-axis variation of it, so every axis has groups of
-models that differ in that axis only, as the granulated tau needs), the training (``epochs``,
-``optimizer_options`` and a ``runner`` table of further experiment-runner settings shared by every
-member), the sharpness ``measures`` (named ``(measure, options)`` rows of
-:func:`landscape.sharpness_report`, computed on a fixed subset of the training set, shared by every
-model) and the data. Each point becomes one run of the experiment runner
+random base points and, for each, every one-axis variation of it, so every axis has groups of models
+that differ in that axis only, as the granulated tau needs), how many ``populations`` to sample
+(population ``i`` is sampled with ``sampling_seed + i``; members two populations share are trained
+once), the training (``epochs``, or a ``stop`` table: train until the full training-set
+cross-entropy is at most ``stop.train_loss``, at most ``stop.max_epochs`` epochs, as Jiang et al.
+2020 do, :mod:`experiments.study.stopping`; ``optimizer_options`` and a ``runner`` table of further
+experiment-runner settings shared by every member), the sharpness ``measures`` (named ``(measure,
+options)`` rows of :func:`landscape.sharpness_report`, computed on a fixed subset of the training
+set, shared by every model) and the data. Each point becomes one run of the experiment runner
 (:mod:`experiments.study.members`).
 """
 
@@ -71,7 +74,9 @@ _DEFAULTS: dict[str, Any] = {
     "n_models": 32,
     "bases": 3,
     "sampling_seed": 0,
+    "populations": 1,
     "epochs": 10,
+    "stop": {},
     "sharpness_subset": 256,
     "sharpness_dtype": "float64",
     "threads": 1,
@@ -151,6 +156,31 @@ def _check_measures(raw: list[Any]) -> list[dict[str, Any]]:
     return measures
 
 
+def _check_stop(raw: dict[str, Any]) -> dict[str, Any]:
+    stop = raw.get("stop", {})
+    if not isinstance(stop, dict):
+        _fail(f"stop must be a table (train_loss, max_epochs), got {stop!r}")
+    if not stop:
+        return {}
+    bad = sorted(set(stop) - {"train_loss", "max_epochs"})
+    if bad or set(stop) != {"train_loss", "max_epochs"}:
+        _fail(
+            "stop: give exactly train_loss and max_epochs (e.g. stop = { train_loss = 0.1, "
+            f"max_epochs = 60 }}), got keys {sorted(stop)}"
+        )
+    t, e = stop["train_loss"], stop["max_epochs"]
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not (0 < t < math.inf):
+        _fail(f"stop.train_loss must be a positive number (a cross-entropy), got {t!r}")
+    if not isinstance(e, int) or isinstance(e, bool) or e < 1:
+        _fail(f"stop.max_epochs must be a positive integer, got {e!r}")
+    if "epochs" in raw:
+        _fail(
+            "epochs and stop are both set: with a stop table members train up to stop.max_epochs; "
+            "remove epochs"
+        )
+    return {"train_loss": float(t), "max_epochs": e}
+
+
 def _check_runner(runner: Any) -> None:
     if not isinstance(runner, dict):
         _fail(f"runner must be a table of experiment-runner settings (e.g. [runner.train]), got {runner!r}")
@@ -187,7 +217,7 @@ def resolve_study_config(raw: dict[str, Any]) -> dict[str, Any]:
     cfg["space"] = {a: list(space[a]) for a in AXES}
     if cfg["sampling"] not in _SAMPLING:
         _fail(f"sampling must be one of {', '.join(_SAMPLING)}, got {cfg['sampling']!r}")
-    for key in ("n_models", "bases", "epochs", "sharpness_subset", "threads"):
+    for key in ("n_models", "bases", "epochs", "sharpness_subset", "threads", "populations"):
         v = cfg[key]
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             _fail(f"{key} must be a positive integer, got {v!r}")
@@ -200,6 +230,9 @@ def resolve_study_config(raw: dict[str, Any]) -> dict[str, Any]:
         _fail(f"sharpness_dtype must be float32 or float64, got {cfg['sharpness_dtype']!r}")
     if not isinstance(cfg["ood_noise"], (int, float)) or cfg["ood_noise"] < 0:
         _fail(f"ood_noise must be a non-negative number (0: no OOD set), got {cfg['ood_noise']!r}")
+    cfg["stop"] = _check_stop(raw)
+    if cfg["stop"]:
+        cfg["epochs"] = cfg["stop"]["max_epochs"]  # the runner's train.epochs: at most that many
     cfg["measures"] = _check_measures(cfg["measures"])
     for name, opts in cfg["optimizer_options"].items():
         if name not in OPTIMIZERS or not isinstance(opts, dict):
@@ -236,11 +269,17 @@ def model_id(point: dict[str, Any]) -> str:
     return f"{point['model']}-{point['optimizer']}-{digest}"
 
 
-def plan_population(cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """The hyperparameter points of the population (each a dict over :data:`AXES`), deduplicated,
-    in a fixed order determined by the config and ``sampling_seed``."""
+def plan_population(cfg: dict[str, Any], population: int = 0) -> list[dict[str, Any]]:
+    """The hyperparameter points of population ``population`` (each a dict over :data:`AXES`),
+    deduplicated, in a fixed order determined by the config and its sampling seed
+    ``sampling_seed + population``."""
+    if not 0 <= population < cfg.get("populations", 1):
+        _fail(
+            f"population {population} does not exist: the config has "
+            f"populations = {cfg.get('populations', 1)}"
+        )
     space = cfg["space"]
-    rng = np.random.default_rng(cfg["sampling_seed"])
+    rng = np.random.default_rng(cfg["sampling_seed"] + population)
     pick = lambda: {a: space[a][int(rng.integers(len(space[a])))] for a in AXES}  # noqa: E731
     if cfg["sampling"] == "grid":
         points = [dict(zip(AXES, c)) for c in itertools.product(*(space[a] for a in AXES))]

@@ -47,7 +47,8 @@ def measure_member(
     ``data`` is the member's run data (its training set of ``n_train`` examples and the test set),
     ``subset`` the shared sharpness subset. The OOD set is the test set with Gaussian input noise of
     standard deviation ``ood_noise`` (a covariate shift) drawn from a generator seeded with
-    ``sampling_seed + 1``, the same for every member.
+    ``sampling_seed + 1`` (the study's, not a population's: the same for every member of every
+    population).
     """
     import landscape as ls
 

@@ -3,7 +3,8 @@
 :func:`runner_config` turns a hyperparameter point into a runner config: the data set
 (``data.name``, ``data.limit_train = n_train``), the model (``mlp`` with two hidden layers of
 ``width`` units and ReLU, or a registered model by name), one method (the optimizer and its
-hyperparameters), one seed, ``train.epochs`` / ``lr`` / ``batch_size`` and the study's ``runner``
+hyperparameters), one seed, ``train.epochs`` (``epochs``, or ``stop.max_epochs`` under a stopping
+rule, :mod:`experiments.study.stopping`) / ``lr`` / ``batch_size`` and the study's ``runner``
 table (schedule, precision, ...; the learning rate is constant unless it says otherwise).
 :func:`member_run` plans it with :func:`experiments.runner.plan_runs`, so every member has the
 runner's resumable run directory (``config.toml``, ``environment.json``, logs, ``checkpoint.pt``,
@@ -96,6 +97,12 @@ def _train_shape(spec: str, kwargs_json: str) -> tuple[int, tuple[int, ...], int
     return len(y), tuple(x.shape[1:]), int(y.max()) + 1
 
 
+def _epochs(cfg: dict[str, Any]) -> int:
+    """The run's ``train.epochs``: ``stop.max_epochs`` under a stopping rule, else ``epochs``."""
+    stop = cfg.get("stop") or {}
+    return int(stop["max_epochs"]) if stop else int(cfg["epochs"])
+
+
 def runner_config(point: dict[str, Any], cfg: dict[str, Any], root: str | Path) -> dict[str, Any]:
     """The resolved experiment-runner config of one member (see the module docstring); its run
     directory is ``<root>/<model_id>/<optimizer>/seed<seed>``.
@@ -149,7 +156,7 @@ def runner_config(point: dict[str, Any], cfg: dict[str, Any], root: str | Path) 
         "progress": False,
         "data": {"name": spec, "kwargs": kwargs, "limit_train": point["n_train"]},
         "model": {"name": point["model"], "kwargs": model_kwargs},
-        "train": {"epochs": cfg["epochs"], "lr": float(lr), "batch_size": point["batch_size"]},
+        "train": {"epochs": _epochs(cfg), "lr": float(lr), "batch_size": point["batch_size"]},
         "methods": [{"name": name, "optimizer": name, "hyperparameters": hyper}],
     }
     raw = _merge(_merge(RUNNER_DEFAULTS, cfg["runner"]), owned)
@@ -169,9 +176,17 @@ def member_run(point: dict[str, Any], cfg: dict[str, Any], root: str | Path) -> 
     return runs[0]
 
 
-def train_member(run: Run, *, device: torch.device, progress: bool = False) -> dict[str, Any]:
+def train_member(
+    run: Run, *, device: torch.device, progress: bool = False, stop: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Train (or resume, or skip when finished) the member's run with
-    :func:`experiments.runner.run_one`; returns the runner's metrics row."""
+    :func:`experiments.runner.run_one`, or with a stopping rule (the study's ``stop`` table) with
+    :func:`experiments.study.stopping.train_to_target`; returns the runner's metrics row (with
+    ``stop``, the record of the stopping rule, under one)."""
+    if stop:
+        from experiments.study.stopping import train_to_target
+
+        return train_to_target(run, stop, device=device, progress=progress)
     return run_one(run, device=device, ctx=DistContext(), progress=progress)
 
 

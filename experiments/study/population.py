@@ -1,14 +1,24 @@
-"""A population of trained models and their sharpness measures (Jiang et al. 2020, "Fantastic
+"""Populations of trained models and their sharpness measures (Jiang et al. 2020, "Fantastic
 generalization measures and where to find them", Sec. 3-4: many models over a hyperparameter space,
 each measure correlated with the generalisation gap).
 
-Every member (a point of :func:`experiments.study.config.plan_population`) is trained as a run of
-the experiment runner (:mod:`experiments.study.members`) in ``<out>/runs/<id>/<optimizer>/seed<k>/``
-and then measured on the weights read back from that run directory
-(:mod:`experiments.study.measure`). One JSON file per member (``models/<id>.json``, written
-atomically) holds its table row, its sharpness rows, the runner's metrics and history, and the
-configuration: a member whose file records the same configuration is neither trained nor measured
-again, and a member whose run was interrupted resumes from the run's last epoch checkpoint.
+A study has ``populations`` populations: population ``i`` is the sample of
+:func:`experiments.study.config.plan_population` with sampling seed ``sampling_seed + i``, so the
+study can tell the variability between populations from that of the bootstrap within one
+(:mod:`experiments.study.combine`). Every distinct member (a point of one or more populations) is
+trained once as a run of the experiment runner (:mod:`experiments.study.members`; under a ``stop``
+table until the common training loss, :mod:`experiments.study.stopping`) in
+``<out>/runs/<id>/<optimizer>/seed<k>/`` and then measured on the weights read back from that run
+directory (:mod:`experiments.study.measure`). One JSON file per member (``models/<id>.json``,
+written atomically) holds its table row, its sharpness rows, the runner's metrics and history, and
+the configuration: a member whose file records the same configuration is neither trained nor
+measured again, and a member whose run was interrupted resumes from the run's last epoch checkpoint.
+
+``jobs > 1`` trains and measures that many members at a time in worker processes (``spawn``), each
+with ``threads`` torch threads; every member's result is the same as in one process, because each
+member's training and measures draw only from their own seeded generators. ``timing.json`` records
+the wall time of every invocation that trained members and ``populations.json`` the members of each
+population.
 """
 
 from __future__ import annotations
@@ -27,35 +37,49 @@ from experiments.study.measure import measure_member
 from experiments.study.members import load_member, member_run, sharpness_subset, train_member
 from landscape.io import atomic_write_json, read_json
 
-__all__ = ["member_runs", "run_population", "train_and_measure"]
+__all__ = ["member_runs", "population_ids", "run_population", "train_and_measure"]
 
 #: Study keys that do not change what a member is (how it is sampled, named or run).
-_NOT_SEMANTIC = ("space", "sampling", "n_models", "bases", "threads", "name")
+_NOT_SEMANTIC = ("space", "sampling", "n_models", "bases", "threads", "name", "populations")
 #: Runner keys that do not change what a member is.
 _RUNNER_NOT_SEMANTIC = ("out_dir", "progress", "threads", "device")
 
 
+def population_ids(cfg: dict[str, Any]) -> list[list[str]]:
+    """The member ids of every population (``populations`` lists, in plan order)."""
+    return [[model_id(p) for p in plan_population(cfg, i)] for i in range(cfg.get("populations", 1))]
+
+
 def member_runs(cfg: dict[str, Any], out_dir: str | Path) -> list[tuple[dict[str, Any], Run]]:
-    """Every point of the population with its runner run (planned and checked before any training);
-    the run directories lie under ``<out_dir>/runs``."""
+    """Every distinct member of the study's populations with its runner run (planned and checked
+    before any training), in order of first appearance; the run directories lie under
+    ``<out_dir>/runs``."""
     root = Path(out_dir) / "runs"
-    return [(p, member_run(p, cfg, root)) for p in plan_population(cfg)]
+    seen: dict[str, dict[str, Any]] = {}
+    for i in range(cfg.get("populations", 1)):
+        for p in plan_population(cfg, i):
+            seen.setdefault(model_id(p), p)
+    return [(p, member_run(p, cfg, root)) for p in seen.values()]
 
 
 def train_and_measure(
     point: dict[str, Any], cfg: dict[str, Any], run: Run, *, progress: bool = False
 ) -> dict[str, Any]:
     """Train the member's run with the experiment runner (resuming or skipping it as the runner
-    does), load its weights and measure them; returns ``{"row", "measures", "runner_metrics",
-    "history", "run_dir"}``. A member whose run diverged (:mod:`experiments.divergence`) is not
-    measured: its row holds ``status = "diverged"`` and the reason (``divergence``)."""
-    t0 = time.perf_counter()
+    does; under the study's ``stop`` table until the target training loss), load its weights and
+    measure them; returns ``{"row", "measures", "runner_metrics", "history", "run_dir"}``.
+
+    The row's ``status`` is ``completed``, ``not_converged`` (the stopping rule's target was not
+    reached in ``max_epochs``: measured, but left out of the correlations) or ``diverged``
+    (:mod:`experiments.divergence`; not measured, its row holds the reason in ``divergence``);
+    ``epochs`` is the number of epochs trained and ``cpu_seconds`` the process time spent."""
+    t0, c0 = time.perf_counter(), time.process_time()
     device = torch.device(cfg["device"])
-    metrics = train_member(run, device=device, progress=progress)
+    metrics = train_member(run, device=device, progress=progress, stop=cfg.get("stop") or None)
     if metrics.get("status") == "diverged":  # recorded, not measured; the report leaves it out
         div = metrics.get("divergence", {})
         row = {"id": model_id(point), **point, "status": "diverged", "divergence": div.get("reason", "")}
-        row["seconds"] = time.perf_counter() - t0
+        row["seconds"], row["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
         return {
             "row": row,
             "measures": {},
@@ -66,12 +90,16 @@ def train_and_measure(
     model, data, history = load_member(run, device=device)
     subset = sharpness_subset(run, data, cfg["sharpness_subset"])
     res = measure_member(point, cfg, model, data, subset, history, device=device, progress=progress)
-    res["row"]["seconds"] = time.perf_counter() - t0
+    row = res["row"]
+    stop = metrics.get("stop")
+    row["status"] = "completed" if stop is None or stop["reached"] else "not_converged"
+    row["epochs"] = len(history)
+    row["seconds"], row["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
     return {**res, "runner_metrics": metrics, "history": history, "run_dir": str(run.run_dir)}
 
 
 def _fingerprint(point: dict[str, Any], cfg: dict[str, Any], run: Run) -> str:
-    keep = {k: v for k, v in cfg.items() if k not in _NOT_SEMANTIC}
+    keep = {k: v for k, v in cfg.items() if k not in _NOT_SEMANTIC and not (k == "stop" and not v)}
     runner = {k: v for k, v in semantic_config(run.cfg).items() if k not in _RUNNER_NOT_SEMANTIC}
     text = json.dumps({"point": point, "cfg": keep, "runner": runner}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -87,45 +115,118 @@ def _finished(path: Path, fp: str) -> dict[str, Any] | None:
     return d if isinstance(d, dict) and d.get("fingerprint") == fp else None
 
 
+def _member(task: tuple[dict[str, Any], dict[str, Any], Run, str, str, bool]) -> dict[str, Any]:
+    """Train and measure one member and write ``models/<id>.json``; returns that document."""
+    point, cfg, run, out, fp, progress = task
+    res = train_and_measure(point, cfg, run, progress=progress)
+    res["run_dir"] = str(run.run_dir.relative_to(out))
+    done = {"fingerprint": fp, "config": {"point": point, "study": cfg, "runner": run.cfg}, **res}
+    atomic_write_json(Path(out) / "models" / f"{model_id(point)}.json", done)
+    return done
+
+
+def _worker_init(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _log_outcome(log: Any, row: dict[str, Any]) -> None:
+    if log is None:
+        return
+    if row.get("status") == "diverged":
+        log(f"{row['id']} diverged ({row['divergence']}); excluded from the correlations")
+    elif row.get("status") == "not_converged":
+        log(
+            f"{row['id']} did not reach the target training loss in {row['epochs']} epochs (training "
+            f"loss {row['train_loss']:.3g}, error {row['train_error']:.3f}); excluded from the correlations"
+        )
+
+
+def _record_timing(out: Path, entry: dict[str, Any]) -> None:
+    path = out / "timing.json"
+    try:
+        runs = read_json(path, what="timing").get("invocations", []) if path.is_file() else []
+    except (ValueError, AttributeError):
+        runs = []
+    atomic_write_json(path, {"invocations": [*runs, entry]})
+
+
 def run_population(
-    cfg: dict[str, Any], out_dir: str | Path, *, progress: bool = True, log: Any = None
+    cfg: dict[str, Any],
+    out_dir: str | Path,
+    *,
+    progress: bool = True,
+    log: Any = None,
+    jobs: int = 1,
 ) -> list[dict[str, Any]]:
     """Train and measure every member of :func:`member_runs` (skipping those whose
-    ``models/<id>.json`` records the same configuration); returns the table rows in plan order.
+    ``models/<id>.json`` records the same configuration), ``jobs`` at a time; returns the table rows
+    in plan order.
 
-    Writes ``study_config.json``, the runner's run directories under ``runs/`` and one
-    ``models/<id>.json`` per member (atomically)."""
+    Writes ``study_config.json``, ``populations.json``, the runner's run directories under ``runs/``,
+    one ``models/<id>.json`` per member (atomically) and appends this invocation's wall time to
+    ``timing.json``."""
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    t0 = time.perf_counter()
     out = Path(out_dir)
     members = member_runs(cfg, out)  # every member's runner config is checked before any training
     (out / "models").mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "study_config.json", cfg)
+    atomic_write_json(out / "populations.json", {"populations": population_ids(cfg)})
     torch.set_num_threads(cfg["threads"])
-    rows: list[dict[str, Any]] = []
+    docs: dict[str, dict[str, Any]] = {}
+    todo = []
+    for point, run in members:
+        mid = model_id(point)
+        fp = _fingerprint(point, cfg, run)
+        done = _finished(out / "models" / f"{mid}.json", fp)
+        if done is None:
+            todo.append((point, cfg, run, str(out), fp, progress and jobs == 1))
+        else:
+            docs[mid] = done
+            if log is not None:
+                log(f"skipped {mid} (results exist)")
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(members), desc="population", unit="model")
+        bar = tqdm(total=len(members), initial=len(docs), desc="members", unit="model", smoothing=0.05)
+
+    def finished(doc: dict[str, Any]) -> None:
+        docs[doc["row"]["id"]] = doc
+        _log_outcome(log, doc["row"])
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(last=doc["row"]["id"])
+
     try:
-        for point, run in members:
-            mid = model_id(point)
-            path = out / "models" / f"{mid}.json"
-            fp = _fingerprint(point, cfg, run)
-            done = _finished(path, fp)
-            if done is None:
-                res = train_and_measure(point, cfg, run, progress=progress)
-                res["run_dir"] = str(run.run_dir.relative_to(out))
-                done = {"fingerprint": fp, "config": {"point": point, "study": cfg, "runner": run.cfg}, **res}
-                atomic_write_json(path, done)
-                if log is not None and done["row"].get("status") == "diverged":
-                    log(f"{mid} diverged ({done['row']['divergence']}); excluded from the correlations")
-            elif log is not None:
-                log(f"skipped {mid} (results exist)")
-            rows.append(done["row"])
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(last=mid)
+        if jobs == 1 or len(todo) <= 1:
+            for task in todo:
+                finished(_member(task))
+        else:
+            import multiprocessing
+
+            # LeNet-5 members first: the longest tasks do not end the run on one worker
+            todo.sort(key=lambda t: t[0]["model"] == "mlp")
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(jobs, initializer=_worker_init, initargs=(cfg["threads"],)) as pool:
+                for doc in pool.imap_unordered(_member, todo):
+                    finished(doc)
     finally:
         if bar is not None:
             bar.close()
-    return rows
+        if todo:
+            trained = sum(1 for t in todo if model_id(t[0]) in docs)
+            _record_timing(
+                out,
+                {
+                    "started": time.strftime(
+                        "%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() - (time.perf_counter() - t0))
+                    ),
+                    "wall_seconds": time.perf_counter() - t0,
+                    "members": trained,
+                    "jobs": jobs,
+                    "threads": cfg["threads"],
+                },
+            )
+    return [docs[model_id(p)]["row"] for p, _ in members]

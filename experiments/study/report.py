@@ -1,5 +1,16 @@
-"""The study's files: the per-model table (CSV/JSON), the correlation table (Markdown/CSV/JSON) and
-the figure (each measure against the generalisation gap, tau in each panel's title)."""
+"""The study's files: the per-model table (CSV/JSON), the correlation tables (Markdown/JSON) and the
+figure (each measure against the generalisation gap; :mod:`experiments.study.figure`).
+
+The members that enter the correlations are those that trained (not ``diverged``) and, under a
+stopping rule, reached the target training loss (not ``not_converged``, Jiang et al. 2020 train
+every model to the same training cross-entropy); the others are listed with their final training
+loss, error and epochs. Each population is correlated on its own
+(:func:`experiments.study.combine.population_correlations`) and the populations are combined
+(:func:`experiments.study.combine.combine`: pooled bootstrap interval, ``k/P`` populations whose
+interval excludes 0). ``correlation.json`` keeps the keys of a one-population report
+(``correlation``: population 0's entries, ``models``, ``diverged``, ...) and adds ``populations``,
+``combined``, ``excluded``, ``not_converged``, ``stop``, ``timing`` and ``headline``
+(:func:`experiments.study.summary.headline`, the findings in words)."""
 
 from __future__ import annotations
 
@@ -9,14 +20,27 @@ import math
 from pathlib import Path
 from typing import Any
 
+from experiments.study.combine import combine, population_correlations
 from experiments.study.config import AXES
-from experiments.study.correlation import correlate
-from landscape.io import atomic_write, atomic_write_json, atomic_write_text, read_json
+from experiments.study.figure import plot_study
+from experiments.study.summary import headline, interval
+from landscape.io import atomic_write_json, atomic_write_text, read_json
 
-__all__ = ["TARGETS", "collect_rows", "format_markdown", "plot_study", "write_report", "write_table"]
+__all__ = [
+    "EXCLUDED",
+    "TARGETS",
+    "collect_rows",
+    "format_combined",
+    "format_markdown",
+    "plot_study",
+    "write_report",
+    "write_table",
+]
 
 #: What each measure is correlated with (when the rows hold it).
 TARGETS: tuple[str, ...] = ("gap_error", "gap_loss", "test_error", "ood_error")
+#: Row statuses left out of the correlations.
+EXCLUDED: tuple[str, ...] = ("diverged", "not_converged")
 
 
 def read_study_config(path: str | Path) -> dict[str, Any]:
@@ -77,7 +101,7 @@ def collect_rows(out_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, A
 
 def write_table(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """The per-model table as CSV (atomically); columns in the order they first appear (a diverged
-    member's row has no measures)."""
+    member's row has no measures); a list (a member's ``populations``) is written ``0;2``."""
     cols = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
@@ -85,7 +109,15 @@ def write_table(rows: list[dict[str, Any]], path: str | Path) -> Path:
     for r in rows:
         w.writerow(
             {
-                k: ("" if r.get(k) is None else repr(r[k]) if isinstance(r.get(k), float) else r[k])
+                k: (
+                    ""
+                    if r.get(k) is None
+                    else repr(r[k])
+                    if isinstance(r.get(k), float)
+                    else ";".join(map(str, r[k]))
+                    if isinstance(r.get(k), list)
+                    else r[k]
+                )
                 for k in cols
             }
         )
@@ -115,52 +147,84 @@ def format_markdown(entries: list[dict[str, Any]], measures: list[str], targets:
     return "\n".join(lines) + "\n"
 
 
-def plot_study(
-    rows: list[dict[str, Any]],
-    entries: list[dict[str, Any]],
-    measures: list[str],
-    path: str | Path,
-    target: str = "gap_error",
-) -> Path:
-    """One panel per measure: measure (log axis when all values are positive) against ``target``,
-    coloured by optimizer, marker by model; tau-b and its interval in each title."""
-    import matplotlib
+def format_combined(combined: list[dict[str, Any]], measures: list[str], targets: list[str]) -> str:
+    """One table per target: rows measures; columns each population's tau-b [95 % bootstrap
+    interval], the pooled interval, how many populations' intervals exclude 0, and (first target
+    only) each population's granulated Psi; then the per-axis psi of the first target (mean over
+    the populations)."""
+    by = {(e["measure"], e["target"]): e for e in combined}
+    n_pop = next(iter(combined))["populations"]
+    lines: list[str] = []
+    for i, t in enumerate(targets):
+        head = ["measure"] + [f"pop {p}" for p in range(n_pop)] + ["pooled", "excl. 0"]
+        if i == 0:
+            head += [f"Psi pop {p}" for p in range(n_pop)] + ["Psi mean"]
+        lines += [f"\n**tau({t})**\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for m in measures:
+            e = by[(m, t)]
+            cells = [m] + [
+                "n/a" if math.isnan(tau) else f"{tau:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+                for tau, (lo, hi) in zip(e["taus"], e["intervals"])
+            ]
+            cells += ["n/a" if math.isnan(e["tau"]) else interval(e), f"{e['excludes_zero']}/{n_pop}"]
+            if i == 0:
+                cells += ["n/a" if math.isnan(v) else f"{v:+.2f}" for v in e["Psis"]]
+                cells.append("n/a" if math.isnan(e["Psi"]) else f"{e['Psi']:+.2f}")
+            lines.append("| " + " | ".join(cells) + " |")
+    first = targets[0]
+    axes = list(by[(measures[0], first)]["psi"])
+    lines += [
+        f"\n**psi({first}) per axis** (mean over the populations; '-': no group)\n",
+        "| measure | " + " | ".join(f"psi_{a}" for a in axes) + " |",
+        "|" + "---|" * (len(axes) + 1),
+    ]
+    for m in measures:
+        psi = by[(m, first)]["psi"]
+        lines.append(
+            "| " + " | ".join([m] + ["-" if math.isnan(psi[a]) else f"{psi[a]:+.2f}" for a in axes]) + " |"
+        )
+    return "\n".join(lines) + "\n"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
 
-    by = {(e["measure"], e["target"]): e for e in entries}
-    ncol = 4
-    nrow = math.ceil(len(measures) / ncol)
-    fig, axs = plt.subplots(nrow, ncol, figsize=(4.0 * ncol, 3.2 * nrow), squeeze=False)
-    opts = sorted({r["optimizer"] for r in rows})
-    models = sorted({r["model"] for r in rows})
-    colours = {o: f"C{i}" for i, o in enumerate(opts)}
-    markers = {m: "os^Dv"[i % 5] for i, m in enumerate(models)}
-    for ax, m in zip(axs.flat, measures):
-        pts = [r for r in rows if isinstance(r.get(m), (int, float)) and math.isfinite(r[m])]
-        for r in pts:
-            ax.scatter(
-                r[m], r[target], c=colours[r["optimizer"]], marker=markers[r["model"]], s=22, alpha=0.8
-            )
-        if pts and min(r[m] for r in pts) > 0:
-            ax.set_xscale("log")
-            ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on a narrow range
-        e = by[(m, target)]
-        ax.set_title(f"{m}\ntau={e['tau']:+.2f} [{e['low']:+.2f}, {e['high']:+.2f}]", fontsize=9)
-        ax.tick_params(labelsize=7)
-        ax.set_ylabel(target, fontsize=8)
-    for ax in list(axs.flat)[len(measures) :]:
-        ax.axis("off")
-    handles = [plt.Line2D([], [], ls="", marker="o", color=colours[o], label=o) for o in opts]
-    handles += [plt.Line2D([], [], ls="", marker=markers[m], color="grey", label=m) for m in models]
-    fig.legend(handles=handles, loc="lower right", fontsize=8, ncol=2)
-    fig.suptitle(f"Sharpness vs generalisation gap ({len(rows)} models; Kendall tau-b, 95% bootstrap CI)")
-    fig.tight_layout()
-    atomic_write(path, lambda p: fig.savefig(p, dpi=110, format="png"))
-    plt.close(fig)
-    return Path(path)
+def _excluded_lines(excluded: list[dict[str, Any]]) -> str:
+    if not excluded:
+        return "\nNo member was excluded.\n"
+    lines = [
+        f"\n**Excluded from the correlations** ({len(excluded)}):\n",
+        "| member | populations | status | epochs | training loss | training error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in excluded:
+        loss = r.get("train_loss")
+        err = r.get("train_error")
+        lines.append(
+            f"| {r['id']} | {';'.join(map(str, r['populations']))} | {r['status']} | "
+            f"{r.get('epochs', '-')} | {'-' if loss is None else f'{loss:.3f}'} | "
+            f"{'-' if err is None else f'{err:.3f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _populations(out: Path, cfg: dict[str, Any], every: list[dict[str, Any]]) -> list[list[str]]:
+    path = out / "populations.json"
+    if path.is_file():
+        pops = read_json(path, what="population list").get("populations")
+        if isinstance(pops, list) and all(isinstance(p, list) for p in pops):
+            return pops
+    return [[r["id"] for r in every]]  # a study written before populations.json: one population
+
+
+def _timing(out: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    path = out / "timing.json"
+    runs = read_json(path, what="timing").get("invocations", []) if path.is_file() else []
+    trained = [r for r in runs if r.get("members")]
+    return {
+        "wall_seconds": sum(r["wall_seconds"] for r in trained),
+        "cpu_seconds": sum(r.get("cpu_seconds", 0.0) for r in rows),
+        "jobs": max((r["jobs"] for r in trained), default=1),
+        "threads": max((r.get("threads", 1) for r in trained), default=1),
+        "invocations": trained,
+    }
 
 
 def write_report(
@@ -168,45 +232,89 @@ def write_report(
     *,
     figure: str | Path | None = None,
     json_path: str | Path | None = None,
+    csv_path: str | Path | None = None,
+    markdown_path: str | Path | None = None,
     samples: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Correlate every measure of the study in ``out_dir`` with the gaps, test and OOD error (members
-    that diverged are left out and counted: ``k members diverged, excluded``); write
-    ``population.csv``, ``population.json``, ``correlation.md``, ``correlation.json`` and the figure
-    ``study.png`` there (and to ``figure`` / ``json_path`` when given). Returns the JSON content."""
+    """Correlate every measure of the study in ``out_dir`` with the gaps, test and OOD error, per
+    population and combined (members that diverged or did not reach the stopping rule's training
+    loss are left out and listed); write ``population.csv``, ``population.json``, ``correlation.md``,
+    ``correlation.json`` and the figure ``study.png`` there (and to ``figure`` / ``json_path`` /
+    ``csv_path`` / ``markdown_path`` when given). Returns the JSON content with ``markdown`` added."""
     out = Path(out_dir)
     every, cfg = collect_rows(out)
-    diverged = [r["id"] for r in every if r.get("status") == "diverged"]  # excluded from everything
-    rows = [r for r in every if r.get("status") != "diverged"]
+    pops = _populations(out, cfg, every)
+    member_of: dict[str, list[int]] = {}
+    for i, ids in enumerate(pops):
+        for mid in ids:
+            member_of.setdefault(mid, []).append(i)
+    for r in every:
+        r["populations"] = member_of.get(r["id"], [])
+    rows = [r for r in every if r.get("status") not in EXCLUDED]
     if not rows:
-        raise ValueError(f"all {len(every)} members of {out} diverged; there is nothing to correlate")
+        raise ValueError(
+            f"none of the {len(every)} members of {out} can be correlated (all diverged or not converged)"
+        )
+    by_id = {r["id"]: r for r in rows}
+    pop_rows = [[by_id[i] for i in ids if i in by_id] for ids in pops]
+    if any(len(p) < 2 for p in pop_rows):
+        raise ValueError(
+            f"a population of {out} has fewer than 2 members to correlate; train more of it first"
+        )
     measures = [m["name"] for m in cfg["measures"]]
     targets = [t for t in TARGETS if any(t in r for r in rows)]
     axes = [a for a in AXES if len({repr(r[a]) for r in rows}) > 1]
-    entries = correlate(rows, measures, targets, axes, samples=samples, seed=seed)
-    md = format_markdown(entries, measures, targets)
-    if diverged:
-        k = len(diverged)
-        md += f"\n{k} member{'s' if k != 1 else ''} diverged, excluded: {', '.join(diverged)}\n"
-    doc = {
+    per_pop = population_correlations(pop_rows, measures, targets, axes, samples=samples, seed=seed)
+    combined = combine(pop_rows, per_pop, samples=samples, seed=seed)
+    excluded = [r for r in every if r.get("status") in EXCLUDED]
+    doc: dict[str, Any] = {
         "study": cfg,
         "n_models": len(rows),
-        "diverged": diverged,
+        "n_members": len(every),
+        "diverged": [r["id"] for r in every if r.get("status") == "diverged"],
+        "not_converged": [r["id"] for r in every if r.get("status") == "not_converged"],
+        "excluded": [
+            {k: r.get(k) for k in ("id", "populations", "status", "epochs", "train_loss", "train_error")}
+            for r in excluded
+        ],
+        "stop": cfg.get("stop") or {},
         "axes": axes,
         "targets": targets,
-        "bootstrap": {"samples": samples, "seed": seed, "level": 0.95},
-        "correlation": entries,
-        "models": rows,
+        "bootstrap": {"samples": samples, "seed": seed, "level": 0.95, "pooled": "equal-weight mixture"},
+        "correlation": per_pop[0],
+        "populations": [
+            {
+                "index": i,
+                "sampling_seed": cfg["sampling_seed"] + i,
+                "members": len(ids),
+                "included": len(pop_rows[i]),
+                "excluded": [mid for mid in ids if mid not in by_id],
+                "correlation": per_pop[i],
+            }
+            for i, ids in enumerate(pops)
+        ],
+        "combined": combined,
+        "timing": _timing(out, every),
+        "models": every,
     }
+    doc["headline"] = headline(doc)
+    md = doc["headline"] + "\n" + format_combined(combined, measures, targets) + _excluded_lines(excluded)
+    if doc["diverged"]:
+        k = len(doc["diverged"])
+        md += f"\n{k} member{'s' if k != 1 else ''} diverged, excluded: {', '.join(doc['diverged'])}\n"
     write_table(every, out / "population.csv")
     atomic_write_json(out / "population.json", every)
     atomic_write_text(out / "correlation.md", md)
     atomic_write_json(out / "correlation.json", doc)
-    plot_study(rows, entries, measures, out / "study.png")
+    plot_study(every, combined, measures, out / "study.png")
     if figure is not None:
-        plot_study(rows, entries, measures, figure)
+        plot_study(every, combined, measures, figure)
     if json_path is not None:
         atomic_write_json(json_path, doc)
+    if csv_path is not None:
+        write_table(every, csv_path)
+    if markdown_path is not None:
+        atomic_write_text(markdown_path, md)
     doc["markdown"] = md
     return doc
