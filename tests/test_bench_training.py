@@ -154,4 +154,11 @@ def test_readme_training_table_is_the_committed_json():
     }
     met = ", ".join(names[n] for n, t in targets.items() if t["pass"]) or "none"
     assert f"Issue 25's CPU targets met in this run: {met}." in readme
-    assert f"SAM m=1 is {targets['sam_m1_le_2.05x_sgd']['ratio']:.3f}× SGD" in readme
+    assert f"SAM m=1 is {targets['sam_m1_le_2.05x_sgd']['ratio']:.2f}× SGD" in readme
+    batched = rows[("SAM", "m=8 batched")]["batched_x_loop"]
+    assert f"the batched sub-batches {batched:.2f}× the loop's time" in readme
+    eager = " / ".join(
+        f"{rows[(method, variant)]['x_eager']:.2f}"
+        for method, variant in (("SGD", "compiled"), ("SAM", "m=1 compiled"), ("bSAM", "m=1 compiled"))
+    )
+    assert f"(`x_eager` in the JSON: {eager})" in readme
