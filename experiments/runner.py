@@ -398,30 +398,55 @@ def _run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool
             "steps": trainer.counters["step"],
             "skipped_steps": trainer.counters["skipped"],
         }
-        result = RunResult(
-            config=run.cfg,
+        save_run(
+            run,
+            trainer,
             seconds=time.perf_counter() - t0,
-            method=run.method,
-            seed=run.seed,
-            variant=run.variant,
+            env=env,
             metrics=metrics,
             details=details,
-            history=trainer.history,
-            environment=env,
-            optimizer_arguments=getattr(trainer, "opt_args", {}),
             effective=effective,
-            fingerprint=fingerprint(run.cfg, training_only=False),
-            status="completed" if diverged is None else "diverged",
-            divergence={} if diverged is None else diverged.to_dict(),
+            diverged=diverged,
         )
-        ids = {"method": run.method, "seed": run.seed, "variant": run.variant}
-        row = {**ids, **metrics} if diverged is None else {**ids, "status": "diverged"}  # nothing to average
-        atomic_write_json(run.run_dir / "metrics.json", row)
-        result.save(run.run_dir / "results.json")
     ctx.barrier()
     if diverged is not None:
         return {"status": "diverged", "divergence": diverged.to_dict()}
     return metrics
+
+
+def save_run(
+    run: Run,
+    trainer: Any,
+    *,
+    seconds: float,
+    env: dict[str, Any],
+    metrics: dict[str, Any],
+    details: dict[str, Any],
+    effective: dict[str, Any],
+    diverged: Any,
+) -> None:
+    """Write a finished run's ``metrics.json`` (the row tables average; only the status for a run
+    that diverged) and then ``results.json`` (everything; its presence marks the run done)."""
+    result = RunResult(
+        config=run.cfg,
+        seconds=seconds,
+        method=run.method,
+        seed=run.seed,
+        variant=run.variant,
+        metrics=metrics,
+        details=details,
+        history=trainer.history,
+        environment=env,
+        optimizer_arguments=getattr(trainer, "opt_args", {}),
+        effective=effective,
+        fingerprint=fingerprint(run.cfg, training_only=False),
+        status="completed" if diverged is None else "diverged",
+        divergence={} if diverged is None else diverged.to_dict(),
+    )
+    ids = {"method": run.method, "seed": run.seed, "variant": run.variant}
+    row = {**ids, **metrics} if diverged is None else {**ids, "status": "diverged"}  # nothing to average
+    atomic_write_json(run.run_dir / "metrics.json", row)
+    result.save(run.run_dir / "results.json")
 
 
 def _state_at_end(trainer: Any) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.study.correlation import correlate
+from experiments.study.correlation import correlate, resample_taus
 
 __all__ = ["combine", "population_correlations", "resampled_taus"]
 
@@ -36,23 +36,7 @@ def resampled_taus(
     where tau is undefined (a constant resample) are dropped."""
     a = np.asarray(x, dtype=np.float64)
     b = np.asarray(y, dtype=np.float64)
-    n = len(a)
-    if n < 2:
-        return np.zeros(0)
-    sx = np.sign(a[:, None] - a[None, :])
-    sy = np.sign(b[:, None] - b[None, :])
-    rng = np.random.default_rng(seed)
-    out: list[np.ndarray] = []
-    chunk = max(1, 2_000_000 // max(n * n, 1))
-    for start in range(0, samples, chunk):
-        idx = rng.integers(0, n, size=(min(chunk, samples - start), n))
-        px = sx[idx[:, :, None], idx[:, None, :]]
-        py = sy[idx[:, :, None], idx[:, None, :]]
-        num = np.sum(px * py, axis=(1, 2))  # 2 (C - D): each pair counted twice
-        den = np.sqrt(np.count_nonzero(px, axis=(1, 2)).astype(float) * np.count_nonzero(py, axis=(1, 2)))
-        ok = den > 0
-        out.append(num[ok] / den[ok])
-    return np.concatenate(out) if out else np.zeros(0)
+    return resample_taus(a, b, samples, np.random.default_rng(seed))
 
 
 def _finite(v: Any) -> bool:

@@ -36,6 +36,28 @@ def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
     return float(scipy.stats.kendalltau(a, b, variant="b").statistic)
 
 
+def resample_taus(a: np.ndarray, b: np.ndarray, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """tau-b of ``samples`` resamples (with replacement, drawn from ``rng``) of the pairs ``(a, b)``;
+    resamples where tau is undefined (a constant resample) are dropped."""
+    n = len(a)
+    if n < 2:
+        return np.zeros(0)
+    # pair signs once; a resample's pairs are a sub-matrix (a duplicated model: sign 0, a tie)
+    sx = np.sign(a[:, None] - a[None, :])
+    sy = np.sign(b[:, None] - b[None, :])
+    out: list[np.ndarray] = []
+    chunk = max(1, 2_000_000 // max(n * n, 1))
+    for start in range(0, samples, chunk):
+        idx = rng.integers(0, n, size=(min(chunk, samples - start), n))
+        px = sx[idx[:, :, None], idx[:, None, :]]
+        py = sy[idx[:, :, None], idx[:, None, :]]
+        num = np.sum(px * py, axis=(1, 2))  # 2 (C - D): each pair counted twice
+        den = np.sqrt(np.count_nonzero(px, axis=(1, 2)).astype(float) * np.count_nonzero(py, axis=(1, 2)))
+        ok = den > 0
+        out.append(num[ok] / den[ok])
+    return np.concatenate(out) if out else np.zeros(0)
+
+
 def bootstrap_tau(
     x: Sequence[float], y: Sequence[float], *, samples: int = 1000, level: float = 0.95, seed: int = 0
 ) -> dict[str, float]:
@@ -50,22 +72,8 @@ def bootstrap_tau(
     a = np.asarray(x, dtype=np.float64)
     b = np.asarray(y, dtype=np.float64)
     tau = kendall_tau_b(a, b)
-    rng = np.random.default_rng(seed)
-    n = len(a)
-    # pair signs once; a resample's pairs are a sub-matrix (a duplicated model: sign 0, a tie)
-    sx = np.sign(a[:, None] - a[None, :])
-    sy = np.sign(b[:, None] - b[None, :])
-    taus: list[float] = []
-    chunk = max(1, 2_000_000 // max(n * n, 1))
-    for start in range(0, samples, chunk):
-        idx = rng.integers(0, n, size=(min(chunk, samples - start), n))
-        px = sx[idx[:, :, None], idx[:, None, :]]
-        py = sy[idx[:, :, None], idx[:, None, :]]
-        num = np.sum(px * py, axis=(1, 2))  # 2 (C - D): each pair counted twice
-        den = np.sqrt(np.count_nonzero(px, axis=(1, 2)).astype(float) * np.count_nonzero(py, axis=(1, 2)))
-        ok = den > 0
-        taus.extend((num[ok] / den[ok]).tolist())
-    if taus:
+    taus = resample_taus(a, b, samples, np.random.default_rng(seed))
+    if taus.size:
         low, high = np.quantile(taus, [(1 - level) / 2, (1 + level) / 2])
     else:
         low = high = math.nan

@@ -133,7 +133,7 @@ def train_to_target(
     from experiments.parallel import DistContext
     from experiments.run_check import check_run_dir
     from experiments.run_lock import run_dir_lock
-    from experiments.runner import RunResult, completed, environment, fingerprint
+    from experiments.runner import completed, environment, fingerprint, save_run
     from experiments.toml_writer import dumps
     from landscape.io import atomic_write_json, atomic_write_text, read_json
 
@@ -186,25 +186,16 @@ def train_to_target(
             "steps": trainer.counters["step"],
             "skipped_steps": trainer.counters["skipped"],
         }
-        RunResult(
-            config=run.cfg,
+        save_run(
+            run,
+            trainer,
             seconds=time.perf_counter() - t0,
-            method=run.method,
-            seed=run.seed,
-            variant=run.variant,
+            env=env,
             metrics=metrics,
             details=details,
-            history=trainer.history,
-            environment=env,
-            optimizer_arguments=getattr(trainer, "opt_args", {}),
             effective=effective,
-            fingerprint=fingerprint(run.cfg, training_only=False),
-            status="completed" if diverged is None else "diverged",
-            divergence={} if diverged is None else diverged.to_dict(),
-        ).save(run.run_dir / "results.json")
-        ids = {"method": run.method, "seed": run.seed, "variant": run.variant}
-        row = {**ids, **metrics} if diverged is None else {**ids, "status": "diverged"}
-        atomic_write_json(run.run_dir / "metrics.json", row)
+            diverged=diverged,
+        )
     if diverged is not None:
         return {"status": "diverged", "divergence": diverged.to_dict()}
     return {**metrics, "stop": details["stop"]}
