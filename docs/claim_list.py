@@ -1,7 +1,8 @@
 """The claims of the README and ``docs/`` (see ``docs/claims.py``): what each quotes, from which JSON.
 
 Numbers a sentence quotes that no JSON holds are not claims yet and are listed in
-``docs/claims.md`` ("not yet covered").
+``docs/claims.md`` ("not yet covered"). The product benchmark's claims are in
+``docs/claim_list_products.py``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from claim_list_products import CLAIMS as PRODUCT_CLAIMS
 from claims import Claim
 
 README = ("README.md",)
@@ -19,6 +21,10 @@ TOY = (
     "toy_problems/gaussian_mixture.py",
 )
 BSAM_FIG = ("toy_problems/figures/bsam.py", "toy_problems/figures/common.py", "toy_problems/logistic.py")
+
+
+def _std(values: list[float]) -> float:
+    return statistics.stdev(values)  # ddof 1, as the tables of docs/make_miniatures.py
 
 
 def _target(name: str):
@@ -33,6 +39,76 @@ def _mean(part: str, variant: str, method: str, key: str):
         return statistics.mean(rows)
 
     return get
+
+
+def _swag(method: str, how: str, stat=statistics.mean):
+    """``stat`` over the seeds of a flat-posterior run's ``how``: ``samples`` (the mean λ_max of its
+    sampled models), ``samples_trace``, ``swa`` (λ_max of the SWA mean), ``final`` / ``final_trace``
+    (the runner's sharpness of the final iterate), or ``min`` / ``max`` over every sample's λ_max."""
+    get_one = {
+        "samples": lambda r: [r["swag_sharpness"]["samples_lambda_max"]],
+        "samples_trace": lambda r: [r["swag_sharpness"]["samples_hessian_trace"]],
+        "swa": lambda r: [r["swag_sharpness"]["swa"]["lambda_max"]],
+        "final": lambda r: [r["sharpness_lambda_max"]],
+        "final_trace": lambda r: [r["sharpness_hessian_trace"]],
+        "min": lambda r: [s["lambda_max"] for s in r["swag_sharpness"]["per_sample"]],
+        "max": lambda r: [s["lambda_max"] for s in r["swag_sharpness"]["per_sample"]],
+    }[how]
+
+    def get(d: dict[str, Any]) -> float:
+        rows = [r for r in d["flat_posteriors"] if r["method"] == method]
+        if not rows:
+            raise KeyError(f"flat_posteriors: no rows for {method!r}")
+        values = [v for r in rows for v in get_one(r)]
+        return min(values) if how == "min" else max(values) if how == "max" else stat(values)
+
+    return get
+
+
+def _swag_row(label: str, method: str) -> tuple[str, dict[str, Any]]:
+    """A row of docs/miniatures.md's SWAG-sample table: quote and values."""
+    cells, values = [], {}
+    for how, digits in (("samples", 3), ("samples_trace", 2), ("swa", 3), ("final", 3), ("final_trace", 2)):
+        values[how], values[f"{how}_sd"] = _swag(method, how), _swag(method, how, _std)
+        cells.append(f"{{{how}:.{digits}f}} ± {{{how}_sd:.{digits}f}}")
+    return f"| {label} | " + " | ".join(cells) + " |", values
+
+
+def _digits_table() -> tuple[str, dict[str, str]]:
+    """The README's 8-epoch digits table (``docs/figures/digits_miniature.json``): quote and values;
+    the bSAM rows are its model average (``bma_*``) with the λ_max of its mean weights."""
+    rows = [
+        ("clean", "clean labels", "sgd", "SGD", ""),
+        ("clean", "", "sam", "SAM", "SAM flatter: not resolved (within 1 std)"),
+        ("clean", "", "bsam", "bSAM (model average)", "bSAM better calibrated than SAM/SGD: **reproduced**"),
+        ("label_noise_40", "40 % symmetric label noise", "sgd", "SGD", ""),
+        (
+            "label_noise_40",
+            "",
+            "sam",
+            "SAM",
+            "SAM more robust to label noise: **not reproduced** at 8 epochs",
+        ),
+        ("label_noise_40", "", "bsam", "bSAM (model average)", ""),
+    ]
+    lines, values = [], {}
+    for setting, setting_label, method, label, verdict in rows:
+        cells = []
+        for metric in ("accuracy", "nll", "ece", "sharpness_lambda_max"):
+            if method == "bsam" and not metric.startswith("sharpness"):
+                metric = f"bma_{metric}"
+            key = f"{setting}_{method}_{metric}"
+            values[key] = f"settings.{setting}.methods.{method}.mean.{metric}"
+            values[f"{key}_sd"] = f"settings.{setting}.methods.{method}.std.{metric}"
+            cells.append(f"{{{key}:.3f}} ± {{{key}_sd:.3f}}")
+        lines.append(f"| {setting_label} | {label} | " + " | ".join(cells) + f" | {verdict} |")
+    return "\n".join(lines), values
+
+
+DIGITS_QUOTE, DIGITS_VALUES = _digits_table()
+SWAG_ROW, SWAG_VALUES = _swag_row("SWAG", "swag")
+F_SWAG_ROW, F_SWAG_VALUES = _swag_row("F-SWAG", "f_swag")
+PATHS_SOURCE = "docs/figures/paths_rings.json"
 
 
 MINIATURE_RUN = (
@@ -231,4 +307,69 @@ CLAIMS = [
         tolerance=0.01,
         ok_status=MINIATURE_STATUS,
     ),
+    Claim(
+        id="miniatures.f_swag_sample_sharpness",
+        source="docs/figures/miniature_results.json",
+        values={
+            "f": _swag("f_swag", "samples"),
+            "f_sd": _swag("f_swag", "samples", _std),
+            "s": _swag("swag", "samples"),
+            "s_sd": _swag("swag", "samples", _std),
+            "ft": _swag("f_swag", "samples_trace"),
+            "st": _swag("swag", "samples_trace"),
+        },
+        quote="F-SWAG's sampled models are flatter than SWAG's (λ_max {f:.3f} ± {f_sd:.3f} vs {s:.3f} ± "
+        "{s_sd:.3f}, Hessian trace {ft:.1f} vs {st:.1f})",
+        files=README,
+        inputs=MINIATURE_INPUTS,
+        rerun=MINIATURE_RUN,
+        tolerance=0.01,
+        ok_status=MINIATURE_STATUS,
+    ),
+    Claim(
+        id="miniatures.swag_sample_table",
+        source="docs/figures/miniature_results.json",
+        values={
+            **{f"s_{k}": v for k, v in SWAG_VALUES.items()},
+            **{f"f_{k}": v for k, v in F_SWAG_VALUES.items()},
+            "f_min": _swag("f_swag", "min"),
+            "f_max": _swag("f_swag", "max"),
+            "s_min": _swag("swag", "min"),
+            "s_max": _swag("swag", "max"),
+        },
+        quote=SWAG_ROW.replace("{", "{s_")
+        + "\n"
+        + F_SWAG_ROW.replace("{", "{f_")
+        + "\n\n**Reproduced** (both measures): every one of the 24 F-SWAG samples "
+        "(λ_max {f_min:.3f}-{f_max:.3f}) is flatter than every one of the 24 SWAG samples "
+        "({s_min:.3f}-{s_max:.3f})",
+        files=("docs/miniatures.md",),
+        inputs=MINIATURE_INPUTS,
+        rerun=MINIATURE_RUN,
+        tolerance=0.02,
+        ok_status=MINIATURE_STATUS,
+    ),
+    Claim(
+        id="digits_miniature.table",
+        source="docs/figures/digits_miniature.json",
+        values=DIGITS_VALUES,
+        quote=DIGITS_QUOTE,
+        files=README,
+        inputs=("configs/digits_sam_vs_sgd.toml", "docs/make_digits_table.py"),
+        rerun="python docs/make_digits_table.py --out {out}",
+        tolerance=0.005,
+    ),
+    Claim(
+        id="paths_rings.barriers",
+        source=PATHS_SOURCE,
+        values={"line": "line.barrier", "bezier": "bezier.barrier"},
+        quote="Two tanh MLPs from different seeds on two rings (`python docs/make_paths_example.py`, "
+        "`docs/figures/paths_rings.json`): line barrier {line:.2f}, Bézier {bezier:.2f}.",
+        files=README,
+        inputs=("docs/make_paths_example.py", "landscape/surface/paths.py", "landscape/surface/curves.py"),
+        rerun="python docs/make_paths_example.py --out {out}",
+        tolerance=0.01,
+        cost="cheap",
+    ),
+    *PRODUCT_CLAIMS,
 ]

@@ -10,6 +10,7 @@ for re-runs and whether a re-run is cheap (default test suite) or expensive (``-
     python docs/claims.py update --no-rerun  # only re-read the committed JSON files
     python docs/claims.py check              # quotes vs sources vs registry (what the tests check)
     python docs/claims.py rerun [--expensive] [--only ID]   # re-run into a temp dir, compare
+    python docs/claims.py rewrite [--only ID]  # write the JSON's numbers into stale quotes
 
 ``tests/test_claims.py`` checks that every quote, filled from the current JSON, appears in its files
 (a number edited by hand fails), that the registry matches the sources and the hashes of the inputs
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,36 @@ def quote_problems(claim: Claim, values: dict[str, float]) -> list[str]:
     """Files that do not contain the claim's filled quote."""
     want = normalise(fill(claim, values))
     return [f for f in claim.files if want not in normalise((ROOT / f).read_text())]
+
+
+NUMBER = r"[−+-]?(?:\d[\d,]*)?\.?\d+(?:[eE][−+-]?\d+)?"
+
+
+def rewrite_quotes(claim: Claim, values: dict[str, float]) -> list[str]:
+    """Write the JSON's numbers into each file whose quote of ``claim`` is stale.
+
+    The quote template becomes a pattern (literal text, whitespace loose, a number for each field);
+    where it matches exactly once, only the numbers are replaced (the file's line breaks stay).
+    Returns the files rewritten; raises when a stale quote is not found exactly once."""
+    parts = re.split(r"(\{\w+(?::[^}]*)?\})", claim.quote)
+    pattern = "".join(
+        f"({NUMBER})" if i % 2 else r"\s+".join(re.escape(w) for w in re.split(r"\s+", part))
+        for i, part in enumerate(parts)
+    )
+    fields = parts[1::2]
+    written = []
+    for rel in quote_problems(claim, values):
+        text = (ROOT / rel).read_text()
+        found = list(re.finditer(pattern, text))
+        if len(found) != 1:
+            raise ValueError(f"{claim.id}: {len(found)} places in {rel} match the quote's text; edit by hand")
+        match, new = found[0], text
+        for k in range(len(fields), 0, -1):  # from the end, so that earlier spans stay valid
+            number = fill(replace(claim, quote=fields[k - 1]), values)
+            new = new[: match.start(k)] + number + new[match.end(k) :]
+        (ROOT / rel).write_text(new)
+        written.append(rel)
+    return written
 
 
 def entry(claim: Claim, values: dict[str, float]) -> dict[str, Any]:
@@ -244,8 +275,16 @@ def main(argv: list[str] | None = None) -> int:
     rr = sub.add_parser("rerun")
     rr.add_argument("--expensive", action="store_true")
     rr.add_argument("--only", default=None)
+    rw = sub.add_parser("rewrite", help="write the JSON's numbers into the quotes that differ")
+    rw.add_argument("--only", default=None)
     args = ap.parse_args(argv)
     claims = _claims()
+    if args.cmd == "rewrite":
+        for claim in claims:
+            if args.only is None or claim.id == args.only:
+                for rel in rewrite_quotes(claim, read_values(claim)):
+                    print(f"{claim.id}: rewrote its quote in {rel}")
+        return 0
     if args.cmd == "update":
         print(f"wrote {update(claims, not args.no_rerun)}")
         return 0

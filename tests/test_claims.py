@@ -50,6 +50,24 @@ def test_a_hand_edited_number_or_changed_code_fails(tmp_path, monkeypatch):
     assert any("inputs changed" in p for p in reg.registry_problems([claim]))
 
 
+def test_rewrite_writes_the_json_numbers_into_a_stale_quote_and_keeps_line_breaks(tmp_path, monkeypatch):
+    claim = next(c for c in CLAIMS if c.id == "products_cpu.time.wrn16_4")
+    (tmp_path / claim.source).parent.mkdir(parents=True)
+    shutil.copy(ROOT / claim.source, tmp_path / claim.source)
+    monkeypatch.setattr(reg, "ROOT", tmp_path)
+    values = reg.read_values(claim)
+    right = reg.fill(claim, values)
+    wrong = right.replace("| 2.23× |", "| 9.99× |").replace(" | 1.69×", "\n| 1.69×")
+    assert wrong.count("9.99") == 1 and "\n" in wrong
+    (tmp_path / "README.md").write_text(f"before\n{wrong}\nafter\n")
+    assert reg.quote_problems(claim, values) == ["README.md"]
+    assert reg.rewrite_quotes(claim, values) == ["README.md"]
+    assert (tmp_path / "README.md").read_text() == "before\n" + right.replace(
+        " | 1.69×", "\n| 1.69×"
+    ) + "\nafter\n"
+    assert reg.quote_problems(claim, values) == [] and reg.rewrite_quotes(claim, values) == []
+
+
 def _rerun_all(claims) -> list[str]:
     """Run the claims' common command once into a scratch directory; every claim compared."""
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,227 @@
+"""Claims of the README's CPU curvature-product benchmark (``benchmarks/bench_products.py``): the
+time and memory tables, the targets paragraph and the spectra sentence, each number read from the
+committed ``benchmarks/results/products_cpu*.json``.
+
+Timings and peak memory are measurements (``rerun=None``): their quotes are checked against their
+JSON, not re-measured (the benchmark takes hours on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from claims import Claim
+
+README = ("README.md",)
+RESNET_MLP = "benchmarks/results/products_cpu.json"
+TRANSFORMER_WRN = "benchmarks/results/products_cpu_transformer_wrn.json"
+SPECTRA = "benchmarks/results/products_cpu_spectra.json"
+INPUTS = ("benchmarks/bench_products.py",)
+NOTE = (
+    "a measurement (timings and peak memory on a shared 2-core machine): checked against its JSON, "
+    "not re-run; regenerate with python benchmarks/bench_products.py (hours)"
+)
+#: the default product of each kind and the peers the tables name
+DEFAULT = {
+    "h": "landscape auto",
+    "g": "landscape ggn forward",
+    "ef": "landscape empirical_fisher",
+    "mc": "landscape fisher (MC, 1 sample)",
+}
+PYHESSIAN, CURVLINOPS_GGN, FLOOR = "pyhessian", "curvlinops GGNLinearOperator", "floor jvp+H+cached vjp"
+
+
+def _row(model: str, method: str, key: str):
+    """A field of the benchmark row of ``method`` on ``model``."""
+    return lambda d: next(r[key] for r in d["rows"] if r["model"] == model and r["method"] == method)
+
+
+def _summary(model: str, method: str, key: str):
+    """A field of the summary entry (ratios to the best peer) of ``method`` on ``model``."""
+    return lambda d: next(p[key] for p in d["summary"]["models"][model]["products"] if p["method"] == method)
+
+
+def _target(model: str, target: str, key: str):
+    return lambda d: next(
+        t[key] for t in d["summary"]["models"][model]["time_targets"] if t["target"] == target
+    )
+
+
+def _compiled(model: str, method: str):
+    return lambda d: next(
+        c["speedup_over_eager"] for c in d["summary"]["models"][model]["compiled"] if c["method"] == method
+    )
+
+
+def _problem(model: str, key: str):
+    return lambda d: next(p[key] for p in d["problems"] if p["name"] == model)
+
+
+def _pyhessian_memory(model: str):
+    """PyHessian's peak memory over that of the lightest peer of our default Hessian product."""
+
+    def get(d: dict[str, Any]) -> float:
+        peer = _summary(model, DEFAULT["h"], "best_peer_memory")(d)
+        return _row(model, PYHESSIAN, "peak_mb")(d) / _row(model, peer, "peak_mb")(d)
+
+    return get
+
+
+def _time_values(model: str) -> dict[str, Any]:
+    values: dict[str, Any] = {"n": _problem(model, "params"), "b": _problem(model, "batch_size")}
+    for k, method in DEFAULT.items():
+        values[k] = _row(model, method, "x_gradient")
+        values[f"{k}_peer"] = _summary(model, method, "time_x_best_peer")
+    values["pyh"] = _row(model, PYHESSIAN, "x_gradient")
+    values["cl"] = _row(model, CURVLINOPS_GGN, "x_gradient")
+    values["floor"] = _row(model, FLOOR, "x_gradient")
+    return values
+
+
+def _memory_values(model: str, pyhessian: bool) -> dict[str, Any]:
+    values: dict[str, Any] = {k: _summary(model, method, "mem_x_best_peer") for k, method in DEFAULT.items()}
+    if pyhessian:
+        values["pyh"] = _pyhessian_memory(model)
+    return values
+
+
+def _claim(cid: str, source: str, values: dict[str, Any], quote: str) -> Claim:
+    return Claim(id=cid, source=source, values=values, quote=quote, files=README, inputs=INPUTS, notes=NOTE)
+
+
+def _time_row(name: str, bold_h: bool, bold_g: bool) -> str:
+    h, g = "{h:.2f}× ({h_peer:.2f})", "{g:.2f}× ({g_peer:.2f})"
+    h, g = (f"**{h}**" if bold_h else h), (f"**{g}**" if bold_g else g)
+    return (
+        f"| {name} ({{n:,.0f}}, {{b:.0f}}) | {h} | {{pyh:.2f}}× | {g} | {{cl:.2f}}× | {{floor:.2f}}× | "
+        "{ef:.2f}× ({ef_peer:.2f}) | {mc:.2f}× ({mc_peer:.2f}) |"
+    )
+
+
+def _memory_row(name: str, bold_h: bool, pyhessian: bool) -> str:
+    h = "**{h:.2f}×**" if bold_h else "{h:.2f}×"
+    h += " (PyHessian {pyh:.2f}×)" if pyhessian else ""
+    return f"| {name} | {h} | {{g:.2f}}× | {{ef:.2f}}× | {{mc:.2f}}× |"
+
+
+#: (id part, model key, README name, source, bold Hessian / GGN times, bold Hessian memory, PyHessian memory)
+MODELS = [
+    ("resnet20", "resnet20", "ResNet-20", RESNET_MLP, (True, True), True, True),
+    ("wrn16_4", "wrn", "WRN-16-4", TRANSFORMER_WRN, (False, False), False, True),
+    ("transformer", "transformer", "transformer", TRANSFORMER_WRN, (False, False), False, True),
+    ("mlp", "mlp", "MLP", RESNET_MLP, (False, False), False, False),
+]
+
+CLAIMS = [
+    _claim(f"products_cpu.time.{cid}", source, _time_values(model), _time_row(name, *bold))
+    for cid, model, name, source, bold, _, _ in MODELS
+] + [
+    _claim(f"products_cpu.memory.{cid}", source, _memory_values(model, pyh), _memory_row(name, bold_h, pyh))
+    for cid, model, name, source, _, bold_h, pyh in MODELS
+]
+
+CLAIMS += [
+    _claim(
+        "products_cpu.resnet20_targets",
+        RESNET_MLP,
+        {
+            "hv": _target("resnet20", "hvp_vs_pyhessian", "ratio_of_medians"),
+            "hm": _summary("resnet20", DEFAULT["h"], "mem_x_best_peer"),
+            "gc": _target("resnet20", "ggn_vs_curvlinops", "ratio_of_medians"),
+            "gcr": _target("resnet20", "ggn_vs_curvlinops", "ratio"),
+            "gcl": _target("resnet20", "ggn_vs_curvlinops", "limit"),
+            "gf": _target("resnet20", "ggn_vs_floor", "ratio_of_medians"),
+            "gfr": _target("resnet20", "ggn_vs_floor", "ratio"),
+            "gfl": _target("resnet20", "ggn_vs_floor", "limit"),
+        },
+        "Hessian-vector {hv:.2f}× PyHessian's time at {hm:.2f}× hessian-eigenthings' memory, GGN-vector "
+        "{gc:.2f}× curvlinops (median of per-round ratios {gcr:.2f}×, limit {gcl:.1f}×) and {gf:.2f}× the "
+        "plain floor (per-round {gfr:.2f}×, limit {gfl:.1f}×)",
+    ),
+    _claim(
+        "products_cpu.mlp_hessian_vs_pyhessian",
+        RESNET_MLP,
+        {"r": _target("mlp", "hvp_vs_pyhessian", "ratio_of_medians")},
+        "the MLP's Hessian product is {r:.2f}× PyHessian's",
+    ),
+    _claim(
+        "products_cpu.transformer_hessian_vs_pyhessian",
+        TRANSFORMER_WRN,
+        {
+            "r": _target("transformer", "hvp_vs_pyhessian", "ratio_of_medians"),
+            "per": _target("transformer", "hvp_vs_pyhessian", "ratio"),
+        },
+        "the transformer's Hessian product is {r:.2f}× PyHessian's (ratio of medians; median of per-round "
+        "ratios {per:.2f}×",
+    ),
+    _claim(
+        "products_cpu.opt_in_paths",
+        RESNET_MLP,
+        {
+            "lt": _summary("resnet20", "landscape ggn linearize", "time_x_best_peer"),
+            "lm": _summary("resnet20", "landscape ggn linearize", "mem_x_best_peer"),
+            "pt": _summary("resnet20", "landscape empirical_fisher per_example", "time_x_best_peer"),
+            "pm": _summary("resnet20", "landscape empirical_fisher per_example", "mem_x_best_peer"),
+        },
+        '`jvp="linearize"` GGN ({lt:.2f}× curvlinops, {lm:.1f}× its memory), `method="per_example"` Fisher '
+        "({pt:.3f}× the time per product on ResNet-20 after a per-example cache, {pm:.2f}× the memory there",
+    ),
+    _claim(
+        "products_cpu.compiled_resnet20_mlp",
+        RESNET_MLP,
+        {
+            "rh": _compiled("resnet20", "landscape compiled hessian"),
+            "rg": _compiled("resnet20", "landscape compiled ggn"),
+            "mh": _compiled("mlp", "landscape compiled hessian"),
+            "mg": _compiled("mlp", "landscape compiled ggn"),
+        },
+        "run {rh:.2f}× / {rg:.2f}× (ResNet-20), {mh:.2f}× / {mg:.2f}× (MLP)",
+    ),
+    _claim(
+        "products_cpu.compiled_transformer_wrn",
+        TRANSFORMER_WRN,
+        {
+            "th": _compiled("transformer", "landscape compiled hessian"),
+            "tg": _compiled("transformer", "landscape compiled ggn"),
+            "wh": _compiled("wrn", "landscape compiled hessian"),
+            "wg": _compiled("wrn", "landscape compiled ggn"),
+        },
+        "{th:.2f}× / {tg:.2f}× (transformer) and {wh:.2f}× / {wg:.2f}× (WRN-16-4) as fast as",
+    ),
+]
+
+
+def _spectrum(model: str, task: str, method: str):
+    """The relative error (in %) of ``method`` on ``task`` for ``model`` in the spectra run."""
+    return lambda d: (
+        100
+        * next(
+            r["rel_error"]
+            for r in d["spectra"]
+            if (r["model"], r["task"], r["method"]) == (model, task, method)
+        )
+    )
+
+
+OURS, EIGENTHINGS, PYHESSIAN_POWER = (
+    "landscape eigenvalues (Lanczos)",
+    "eigenthings lanczos",
+    "pyhessian eigenvalues (power)",
+)
+SPECTRA_VALUES = {
+    f"{who}_{m}{k}": _spectrum(model, task, method)
+    for who, method in (("o", OURS), ("e", EIGENTHINGS), ("p", PYHESSIAN_POWER))
+    for m, model in (("r", "resnet20"), ("m", "mlp"))
+    for k, task in (("1", "top-1 eigenvalue"), ("5", "top-5 eigenvalues"))
+}
+CLAIMS.append(
+    _claim(
+        "products_cpu_spectra.relative_errors",
+        SPECTRA,
+        {**SPECTRA_VALUES, "b1": "config.eig1", "b5": "config.eig5"},
+        "top-1/top-5 relative errors at {b1:.0f}/{b5:.0f} matvecs, ours {o_r1:.1f} %/{o_r5:.1f} % on "
+        "ResNet-20 and {o_m1:.1f} %/{o_m5:.1f} % on the MLP, "
+        "hessian-eigenthings' Lanczos {e_r1:.1f} %/{e_r5:.1f} % and {e_m1:.1f} %/{e_m5:.1f} %, PyHessian's "
+        "power iteration {p_r1:.0f} %/{p_r5:.0f} % and {p_m1:.1f} %/{p_m5:.0f} %",
+    )
+)
