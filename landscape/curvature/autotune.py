@@ -9,7 +9,9 @@ or several) it runs every candidate twice -- once untimed, so that one-time cost
 caching a graph, tracing) do not count, then timed with the device synchronised -- keeps the
 fastest for the rest of the operator's life, and records every timing, the choice and the
 calibration's cost (``2 x candidates`` products per width class) for ``config()``. A candidate that
-raises is dropped with its reason. The block returned during calibration is the chosen path's.
+raises is dropped with its reason (except the exception types in ``passthrough``: errors about the
+model or data rather than the path, which propagate). The block returned during calibration is the
+chosen path's.
 """
 
 from __future__ import annotations
@@ -40,14 +42,21 @@ class PathTimer:
         paths: the candidate names, in the order they are tried.
         device: the device the products run on (synchronised around each timing).
         timer: the clock (``time.perf_counter``; tests pass a scripted one).
+        passthrough: exception types raised by a candidate that are not the path's failure (they
+            propagate instead of dropping the candidate).
     """
 
     def __init__(
-        self, paths: Sequence[str], device: torch.device, timer: Callable[[], float] = time.perf_counter
+        self,
+        paths: Sequence[str],
+        device: torch.device,
+        timer: Callable[[], float] = time.perf_counter,
+        passthrough: tuple[type[BaseException], ...] = (),
     ) -> None:
         if not paths:
             raise ValueError("PathTimer needs at least one candidate path")
         self.paths, self.device, self.timer = list(paths), device, timer
+        self.passthrough = tuple(passthrough)
         self.choice: dict[str, str] = {}
         self.timings: dict[str, dict[str, float]] = {}
         self.failed: dict[str, str] = {}
@@ -71,6 +80,8 @@ class PathTimer:
                 _sync(self.device)
                 seconds[path] = self.timer() - start
                 results[path] = out
+            except self.passthrough:
+                raise
             except Exception as err:  # noqa: BLE001 - a path this model cannot run: not a candidate
                 self.failed[path] = (
                     f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"

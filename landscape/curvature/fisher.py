@@ -85,15 +85,18 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         chunk_size: columns of ``V`` (output space) or examples (per example) per ``vmap`` call.
         cache: output space: keep each batch's forward graph between products (``"auto"``: for a
             single-batch objective).
-        jvp: output space: ``"forward"``, ``"linearize"`` or ``"double_vjp"`` (as for the GGN).
+        jvp: output space: ``"auto"`` (default), ``"forward"``, ``"linearize"`` or ``"double_vjp"``
+            (as for the GGN, :class:`~landscape.curvature.ggn.OutputSpaceOperator`).
         cache_bytes: per example: keep the per-example gradients while they fit in this many bytes.
         per: ``"example"`` or ``"loss_term"`` (above; ``"loss_term"`` needs the output-space method).
         max_memory: split blocks into chunks of columns whose measured peak stays within this budget
             (:mod:`landscape.curvature.memory`; ``None``: no limit).
+        calibrate, timer: output space, ``jvp="auto"``: time the ``J V`` paths (as for the GGN).
     """
 
     name = "empirical_fisher"
     _uses_per_example = True
+    _passthrough = (_NotSeparable,)  # decides the method, not the jvp path: never a timing failure
 
     def __init__(
         self,
@@ -103,10 +106,12 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         method: str = "output_space",
         chunk_size: int | None = 32,
         cache: bool | str = "auto",
-        jvp: str = "forward",
+        jvp: str = "auto",
         cache_bytes: int = 2**28,
         per: str = "example",
         max_memory: int | float | str | None = None,
+        calibrate: bool | str = "auto",
+        timer: Any = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -117,7 +122,14 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         self.per = per
         self._term_kind = term_kind(objective.loss_fn) if per == "loss_term" else None
         super().__init__(
-            objective, params, chunk_size=chunk_size, cache=cache, jvp=jvp, max_memory=max_memory
+            objective,
+            params,
+            chunk_size=chunk_size,
+            cache=cache,
+            jvp=jvp,
+            max_memory=max_memory,
+            calibrate=calibrate,
+            timer=timer,
         )
         self.method = method
         self.method_used = method
@@ -300,9 +312,11 @@ class FisherOperator(EmpiricalFisherOperator):
         method: str = "output_space",
         chunk_size: int | None = 32,
         cache: bool | str = "auto",
-        jvp: str = "forward",
+        jvp: str = "auto",
         cache_bytes: int = 2**28,
         max_memory: int | float | str | None = None,
+        calibrate: bool | str = "auto",
+        timer: Any = None,
     ) -> None:
         if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
             raise ValueError(f"samples must be a positive int, got {samples!r}")
@@ -321,6 +335,8 @@ class FisherOperator(EmpiricalFisherOperator):
             jvp=jvp,
             cache_bytes=cache_bytes,
             max_memory=max_memory,
+            calibrate=calibrate,
+            timer=timer,
         )
         self.sampled_targets = self._sample()
 
@@ -387,15 +403,17 @@ def empirical_fisher(
     method: str = "output_space",
     chunk_size: int | None = 32,
     cache: bool | str = "auto",
-    jvp: str = "forward",
+    jvp: str = "auto",
     cache_bytes: int = 2**28,
     per: str = "example",
     max_memory: int | float | str | None = None,
+    calibrate: bool | str = "auto",
 ) -> EmpiricalFisherOperator:
     """The empirical Fisher ``c sum_n g_n g_n^T`` (``c = 1/N`` mean, ``1`` sum) as an operator
     (``method="output_space"``: one jvp + one vjp per product; ``"per_example"``: cached gradients;
     ``per="loss_term"``: curvlinops' convention, see :class:`EmpiricalFisherOperator`;
-    ``max_memory``: blocks split into chunks within this budget, :mod:`landscape.curvature.memory`)."""
+    ``max_memory``: blocks split into chunks within this budget, :mod:`landscape.curvature.memory`;
+    ``jvp``, ``calibrate``: the ``J V`` path, as for :func:`~landscape.curvature.ggn.ggn`)."""
     return EmpiricalFisherOperator(
         objective,
         params,
@@ -406,6 +424,7 @@ def empirical_fisher(
         cache_bytes=cache_bytes,
         per=per,
         max_memory=max_memory,
+        calibrate=calibrate,
     )
 
 
@@ -419,13 +438,15 @@ def fisher(
     method: str = "output_space",
     chunk_size: int | None = 32,
     cache: bool | str = "auto",
-    jvp: str = "forward",
+    jvp: str = "auto",
     cache_bytes: int = 2**28,
     max_memory: int | float | str | None = None,
+    calibrate: bool | str = "auto",
 ) -> FisherOperator:
     """Monte-Carlo Fisher of the loss's own likelihood with ``samples`` labels per example drawn
     (``seed``) from the predictive; ``E[F]`` is the GGN (:class:`FisherOperator`; ``max_memory``:
-    blocks split into chunks within this budget, :mod:`landscape.curvature.memory`)."""
+    blocks split into chunks within this budget, :mod:`landscape.curvature.memory`; ``jvp``,
+    ``calibrate``: the ``J V`` path, as for :func:`~landscape.curvature.ggn.ggn`)."""
     return FisherOperator(
         objective,
         params,
@@ -438,4 +459,5 @@ def fisher(
         jvp=jvp,
         cache_bytes=cache_bytes,
         max_memory=max_memory,
+        calibrate=calibrate,
     )

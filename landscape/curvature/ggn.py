@@ -26,6 +26,12 @@ parameter-sized vectors -- and rebuilds it otherwise; the output-space factors (
 are kept either way.  ``jvp="linearize"`` keeps a traced linearisation (``torch.func.linearize``) for
 step 1 as well: faster per product, much more memory.
 
+``jvp="auto"`` (default) is forward mode on a CPU (the fastest in ``benchmarks/bench_products.py``,
+with no timing).  On any other device, or with ``calibrate=True``, the first block of each width
+class (one vector / several) times forward mode against the linearisation, untimed then timed, and
+keeps the faster (:class:`~landscape.curvature.autotune.PathTimer`; an H100 ran ``"linearize"``
+1.5-1.7x faster on ResNet-20, WRN-16-4 and a transformer); the double vjp stays the fallback.
+
 :class:`OutputSpaceOperator` is this machinery for any ``sum_b J_b^T M_b J_b`` with an output-space
 matrix ``M_b``; the empirical and Monte-Carlo Fisher use it with ``M_b`` built from per-example
 output gradients (:mod:`landscape.curvature.fisher`).
@@ -33,18 +39,22 @@ output gradients (:mod:`landscape.curvature.fisher`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.func import jvp, linearize, vmap
 
-from landscape.curvature.autotune import width_class
+from landscape.curvature.autotune import PathTimer, width_class
 from landscape.curvature.base import CurvatureOperator, saved_tensor_bytes
 from landscape.curvature.output_hessian import output_hessian
 from landscape.objective import Objective
 
-JVP_MODES = ("forward", "linearize", "double_vjp")
+JVP_MODES = ("auto", "forward", "linearize", "double_vjp")
+# jvp="auto" times these; the double vjp (a second backward pass, one column at a time) is the
+# fallback where forward mode fails, never faster
+JVP_CANDIDATES = ("forward", "linearize")
 
 
 def _short_error(err: BaseException) -> str:
@@ -154,12 +164,22 @@ class _Linearised:
         self.kind: str | None = None
         self.graph: _Graph | None = None
         self.jvp_lin = None
-        if op.jvp == "linearize":
-            try:
-                out, self.jvp_lin = linearize(self.f, op._theta)
-                self._factors(op, out.detach())
-            except Exception as err:  # noqa: BLE001 - forward mode unsupported: the detection below
-                op._state.setdefault("jvp_fallback_reason", _short_error(err))
+        self.lin_failed = False
+
+    def _linearise(self, op: OutputSpaceOperator) -> None:
+        """Trace ``torch.func.linearize`` once (path ``"linearize"``); a failure falls back to plain
+        forward mode (the detection below), or raises while the paths are timed."""
+        if self.jvp_lin is not None or self.lin_failed:
+            return
+        try:
+            out, self.jvp_lin = linearize(self.f, op._theta)
+        except Exception as err:  # noqa: BLE001 - forward mode unsupported: the detection below
+            if op._strict:
+                raise
+            self.lin_failed = True
+            op._state.setdefault("jvp_fallback_reason", _short_error(err))
+            return
+        self._factors(op, out.detach())
 
     def _factors(self, op: OutputSpaceOperator, out: torch.Tensor) -> None:
         if self.h_apply is None:
@@ -182,30 +202,39 @@ class _Linearised:
     # ------------------------------------------------------------------ J V
     def _forward(self, op: OutputSpaceOperator, t: dict[str, torch.Tensor]):
         """``(out, J t)`` by forward mode (``out`` None with a traced linearisation)."""
-        if self.jvp_lin is not None:
+        if self.jvp_lin is not None and op._path == "linearize":
             return None, self.jvp_lin(t)
         return jvp(self.f, (op._theta,), (t,))
 
     def _detect(self, op: OutputSpaceOperator, t: dict[str, torch.Tensor]):
-        """First product: does forward mode work here at all?  ``(out, J t)`` or None."""
-        if op.jvp == "double_vjp":
-            op._state["jvp_used"] = "double_vjp"
+        """First product on a path: does forward mode work here at all?  ``(out, J t)`` or None
+        (``op._checked[path]``: what the path resolves to)."""
+        path = op._path
+        if path == "double_vjp":
+            op._checked[path] = "double_vjp"
             return None
         try:
             res = self._forward(op, t)
         except Exception as err:  # noqa: BLE001 - forward-mode AD unsupported: reverse only
-            op._state["jvp_used"] = "double_vjp"
+            if op._strict:  # timing the paths: this one is dropped (PathTimer)
+                raise
+            op._checked[path] = "double_vjp"
             op._state["jvp_fallback_reason"] = _short_error(err)
             return None
-        op._state["jvp_used"] = "linearize" if self.jvp_lin is not None else "forward"
+        op._checked[path] = "linearize" if path == "linearize" and self.jvp_lin is not None else "forward"
         return res
 
     def _jv(self, op: OutputSpaceOperator, tangents: dict[str, torch.Tensor], k: int):
         """``(J V as [k, *out.shape], graph or None)``: forward mode, or the double vjp on a graph."""
+        if op._path == "linearize":
+            self._linearise(op)
         first = None
-        if "jvp_used" not in op._state:
+        used = op._checked.get(op._path)
+        if used is None:
             first = self._detect(op, {n: t[0] for n, t in tangents.items()})
-        if op._state["jvp_used"] == "double_vjp":
+            used = op._checked[op._path]
+        op._state["jvp_used"] = used
+        if used == "double_vjp":
             g = self._graph(op)
             names = op.objective.param_names
             cols = [g.jv_double([tangents[n][j] for n in names]) for j in range(k)]
@@ -253,11 +282,18 @@ class OutputSpaceOperator(CurvatureOperator):
         cache: keep each batch's forward graph between products (``True``), rebuild it every product
             (``False``), or ``"auto"``: keep it for a single-batch objective when it costs at most
             one parameter vector of memory (module docstring).
-        jvp: ``"forward"`` (forward-mode AD, default), ``"linearize"`` (traced once, fastest per
-            product, more memory) or ``"double_vjp"`` (reverse mode only).
+        jvp: ``"auto"`` (default: ``"forward"`` on a CPU, timed on any other device, see
+            ``calibrate``), ``"forward"`` (forward-mode AD), ``"linearize"`` (traced once, faster
+            per product, more memory) or ``"double_vjp"`` (reverse mode only).
         max_memory: split blocks into chunks of columns whose measured peak stays within this budget
             (:mod:`landscape.curvature.memory`; ``None``: no limit).
+        calibrate: with ``jvp="auto"``, time ``"forward"`` and ``"linearize"`` on the first block of
+            each width class and keep the faster (:class:`~landscape.curvature.autotune.PathTimer`):
+            ``True``, ``False`` (``"forward"``), or ``"auto"`` (default): on any device but the CPU.
+        timer: the clock of the calibration (``time.perf_counter``; tests pass a scripted one).
     """
+
+    _passthrough: tuple[type[BaseException], ...] = ()  # a model's error, not a path's (PathTimer)
 
     def __init__(
         self,
@@ -266,16 +302,35 @@ class OutputSpaceOperator(CurvatureOperator):
         *,
         chunk_size: int | None = 32,
         cache: bool | str = "auto",
-        jvp: str = "forward",
+        jvp: str = "auto",
         max_memory: int | float | str | None = None,
+        calibrate: bool | str = "auto",
+        timer: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(objective, params, max_memory=max_memory)
         if jvp not in JVP_MODES:
             raise ValueError(f"jvp must be one of {JVP_MODES}, got {jvp!r}")
         if cache not in (True, False, "auto"):
             raise ValueError(f"cache must be True, False or 'auto', got {cache!r}")
+        if calibrate not in (True, False, "auto"):
+            raise ValueError(f"calibrate must be True, False or 'auto', got {calibrate!r}")
+        if calibrate is True and jvp != "auto":
+            raise ValueError(
+                f"calibrate=True times the jvp paths against each other: use jvp='auto', not {jvp!r}"
+            )
         self.chunk_size = chunk_size
         self.jvp = jvp
+        # jvp="auto": timed on the first block of each width class (any device but the CPU, or
+        # calibrate=True), else forward mode -- on a CPU the measured default, with no timing at all
+        timed = jvp == "auto" and (calibrate is True or (calibrate == "auto" and self.device.type != "cpu"))
+        self.calibrate = timed
+        self._paths: PathTimer | None = None
+        if timed:
+            clock = time.perf_counter if timer is None else timer
+            self._paths = PathTimer(JVP_CANDIDATES, self.device, clock, passthrough=self._passthrough)
+        self._path = "forward" if jvp == "auto" else jvp  # the path products run on now
+        self._checked: dict[str, str] = {}  # path -> what it ran as (forward mode may fall back)
+        self._strict = False  # while the paths are timed a failing path raises (and is dropped)
         self.cache = cache
         # the per-batch factors are kept for one batch (or every batch with cache=True)
         self._keeps_batches = cache is True or (cache == "auto" and len(objective.batch_sizes) == 1)
@@ -341,6 +396,34 @@ class OutputSpaceOperator(CurvatureOperator):
         return total
 
     def _matmat(self, V: torch.Tensor) -> torch.Tensor:
+        timer = self._paths
+        if timer is None or self._path == "double_vjp":
+            return self._product(V)
+        cls = width_class(int(V.shape[1]))
+        self._strict = cls not in timer.choice  # a path failing while timed is dropped, not patched
+        try:
+            out = timer.run(V, self._run_path)
+        except RuntimeError:
+            if set(timer.failed) != set(timer.paths):
+                raise
+            # forward mode fails on this model: reverse mode only from now on (as jvp="forward" does)
+            self._strict = False
+            self._path = self._checked["double_vjp"] = "double_vjp"
+            self._state["jvp_fallback_reason"] = "; ".join(f"{p}: {r}" for p, r in timer.failed.items())
+            return self._product(V)
+        finally:
+            self._strict = False
+        self._path = self._state["jvp_used"] = timer.choice[cls]
+        if self._linearised is not None and "linearize" not in timer.choice.values():
+            for lin in self._linearised:  # not chosen: its traces' memory is freed
+                lin.jvp_lin, lin.lin_failed = None, False
+        return out
+
+    def _run_path(self, path: str, V: torch.Tensor) -> torch.Tensor:
+        self._path = path
+        return self._product(V)
+
+    def _product(self, V: torch.Tensor) -> torch.Tensor:
         k = V.shape[1]
         tangents = self._split(V)
         total = None
@@ -355,8 +438,11 @@ class OutputSpaceOperator(CurvatureOperator):
         return total.unsqueeze(1) if k == 1 else total.T
 
     def _path_key(self, k: int) -> str:
-        st = self._state
-        return f"{st.get('jvp_used', self.jvp)}/vmap={st.get('vmap', True)}/{width_class(k)}"
+        st, cls = self._state, width_class(k)
+        path = st.get("jvp_used", self._path)
+        if self._paths is not None and self._path != "double_vjp":  # timed: the choice of the class
+            path = self._paths.choice.get(cls, "uncalibrated")
+        return f"{path}/vmap={st.get('vmap', True)}/{cls}"
 
     def _extra_config(self) -> dict[str, Any]:
         return {
@@ -365,9 +451,11 @@ class OutputSpaceOperator(CurvatureOperator):
             "graph_cached": self._state.get("graph_cached", self.cache is True),
             "graph_saved_bytes": self._state.get("graph_saved_bytes"),
             "jvp": self.jvp,
-            "jvp_used": self._state.get("jvp_used", self.jvp),
+            "jvp_used": self._state.get("jvp_used", self._path),
             "jvp_fallback_reason": self._state.get("jvp_fallback_reason"),
+            "calibrate": self.calibrate,
             "vmap": self._state.get("vmap", True),
+            **({} if self._paths is None else self._paths.config()),
         }
 
 
@@ -394,9 +482,12 @@ def ggn(
     params: Any = None,
     chunk_size: int | None = 32,
     cache: bool | str = "auto",
-    jvp: str = "forward",
+    jvp: str = "auto",
     max_memory: int | float | str | None = None,
+    calibrate: bool | str = "auto",
 ) -> GGNOperator:
     """The generalised Gauss-Newton matrix ``sum_b w_b J_b^T H_out,b J_b`` as an operator
-    (``max_memory``: blocks split into chunks within this budget, :mod:`landscape.curvature.memory`)."""
-    return GGNOperator(objective, params, chunk_size=chunk_size, cache=cache, jvp=jvp, max_memory=max_memory)
+    (``max_memory``: blocks split into chunks within this budget, :mod:`landscape.curvature.memory`;
+    ``jvp``, ``calibrate``: the ``J V`` path, see :class:`OutputSpaceOperator`)."""
+    kw = dict(chunk_size=chunk_size, cache=cache, jvp=jvp, max_memory=max_memory, calibrate=calibrate)
+    return GGNOperator(objective, params, **kw)
