@@ -261,3 +261,22 @@ def test_bsam_batched_equals_loop(kind: str, noise: bool) -> None:
         torch.testing.assert_close(torch.as_tensor(opts[0].last[key]), torch.as_tensor(opts[1].last[key]),
                                    atol=TOL, rtol=0)  # fmt: skip
     assert opts[0].generator.get_state().equal(opts[1].generator.get_state())
+
+
+def test_batched_equals_loop_with_a_rho_per_param_group() -> None:
+    torch.manual_seed(0)
+    model = _mlp().double()
+    twin = copy.deepcopy(model)
+
+    def make(mod, batched):
+        ps = list(mod.parameters())
+        groups = [{"params": ps[:2], "rho": 0.2}, {"params": ps[2:]}]
+        return SAM(groups, torch.optim.SGD, rho=0.05, lr=0.1, momentum=0.9, model=mod, m=4, batched_m=batched)
+
+    opts = [make(model, True), make(twin, False)]
+    for t in range(3):
+        x, y = _data("mlp", 16, seed=200 + t)
+        for opt, mod in zip(opts, (model, twin)):
+            opt.step(make_closure(opt, mod, nn.CrossEntropyLoss(), x, y))
+    assert opts[0].last["m_sharpness"] == "batched"
+    _assert_same(model, opts[0], twin, opts[1])

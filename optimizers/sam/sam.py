@@ -84,6 +84,11 @@ class SAM(PerturbationOptimizer):
     def _perturbation_batched(self, pairs, grads):
         gnorm = chunk_norms(grads)
         scale = 1.0 / (gnorm + NORM_GUARD)
+        rhos = {group["rho"] for group, _ in pairs}
+        if len(rhos) == 1:  # as _perturbation: ||eps_k|| = rho ||g_k|| scale_k
+            factor = scale * rhos.pop()
+            eps = [g * factor.view(-1, *([1] * (g.dim() - 1))) for g in grads]
+            return eps, {"grad_norm": gnorm, "eps_norm": gnorm * factor}
         eps = [
             g * (group["rho"] * scale).view(-1, *([1] * (g.dim() - 1))) for (group, _), g in zip(pairs, grads)
         ]
