@@ -7,7 +7,15 @@ Values: ``loss_landscapes.planar_interpolation`` is given end points ``theta + s
 float64. Its grid has a quirk we account for: in even rows ``i`` the second coordinate is
 ``(j+1)/steps``, in odd rows ``j/steps`` (the serpentine walk is off by one on the way out).
 
+The vmap strategy runs twice side by side: ``batch_points="auto"`` (the widest chunk whose measured
+peak fits ``--max-memory``; default: half the free memory) and the old fixed 64, next to the plain
+point loop. ``--precision`` evaluates every ``landscape.surface`` row in that precision (float32,
+tf32, bf16); the error against full precision that the auto row records is copied into the JSON.
+
     python benchmarks/bench_surface.py [--quick] [--threads 1] [--device cpu|cuda]
+        [--precision bf16] [--max-memory 2GiB]
+
+Result file: ``bench_surface[_<device type> unless cpu][_quick][_<precision>].json``.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ def main() -> None:
     p = base_argparser(__doc__.splitlines()[0])
     p.add_argument("--grid", type=int, default=51)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--precision", choices=["float32", "tf32", "bf16"], default=None)
+    p.add_argument("--max-memory", default=None, help="budget of batch_points='auto' (e.g. 2GiB, 50%%)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -106,12 +116,24 @@ def main() -> None:
         "loss-landscapes random_plane": run_ll,
         "floor: plain forward passes": floor,
     }
-    strategies = ["linear_first_layer", "loop", "vmap"] if dev.type == "cpu" else ["vmap", "loop"]
-    for st in strategies:
-        methods[f"landscape.surface {st}"] = lambda st=st: surface(
-            obj, [e1, e2], coords, strategy=st, batch_points=128, metrics=("loss",)
-        )
-    methods["landscape.surface auto (loss+accuracy)"] = lambda: surface(obj, [e1, e2], coords)
+    prec, budget = args.precision, args.max_memory
+    if budget is not None and budget.replace(".", "", 1).isdigit():  # bytes or a fraction
+        budget = float(budget) if "." in budget else int(budget)
+    last: dict[str, object] = {}
+
+    def run_surface(key: str, **kw):
+        last[key] = surface(obj, [e1, e2], coords, metrics=("loss",), precision=prec, **kw)
+
+    rows_for = {
+        "vmap batch_points=auto": dict(strategy="vmap", batch_points="auto", max_memory=budget),
+        "vmap batch_points=64": dict(strategy="vmap", batch_points=64),
+        "loop": dict(strategy="loop"),
+    }
+    if dev.type == "cpu":
+        rows_for["linear_first_layer"] = dict(strategy="linear_first_layer", batch_points=128)
+    for key, kw in rows_for.items():
+        methods[f"landscape.surface {key}"] = lambda key=key, kw=kw: run_surface(key, **kw)
+    methods["landscape.surface auto (loss+accuracy)"] = lambda: surface(obj, [e1, e2], coords, precision=prec)
     times: dict[str, list[float]] = {k: [] for k in methods}
     cpu: dict[str, list[float]] = {k: [] for k in methods}
     for r in range(repeat):  # interleaved rounds: load changes hit every method alike
@@ -125,9 +147,10 @@ def main() -> None:
             times[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
         print(
-            f"round {r + 1}/{repeat}: " + ", ".join(f"{k.split()[-1]} {v[-1]:.3g}s" for k, v in times.items())
+            f"round {r + 1}/{repeat}: "
+            + ", ".join(f"{k.split(' ', 1)[-1]} {v[-1]:.3g}s" for k, v in times.items())
         )
-    auto = surface(obj, [e1, e2], coords)
+    auto = surface(obj, [e1, e2], coords, precision=prec)
     rows = []
     base = min(times["loss-landscapes random_plane"])
     base_cpu = min(cpu["loss-landscapes random_plane"])
@@ -143,19 +166,32 @@ def main() -> None:
                 "ms_per_point": 1e3 * min(ts) / (n * n),
             }
         )
+    loop_s = min(times["landscape.surface loop"])
+    for row in rows:  # the point loop is the anchor of the vmap rows (issue 27)
+        row["vs_point_loop"] = row["min_s"] / loop_s
+    vmap_auto, vmap_64 = last["vmap batch_points=auto"], last["vmap batch_points=64"]
+    same = bool(np.array_equal(vmap_auto.loss, vmap_64.loss))
+    print(f"vmap auto vs 64: values bit-identical: {same}; {vmap_auto.config['batch_points']['reason']}")
     config = {
         "grid": [n, n],
         "model": "MLP 64-128-10 tanh",
         "num_params": nparams,
         "num_examples": len(y),
         "dtype": "float32",
+        "precision": prec,
+        "max_memory": args.max_memory,
+        "vmap_auto_batch_points": vmap_auto.config["batch_points"],
+        "vmap_auto_equals_vmap_64_bitwise": same,
+        "precision_report": vmap_auto.config["precision"],
         "device": str(dev),
         "auto_strategy": auto.strategy,
         "repeat": repeat,
         "float64_max_abs_diff_vs_loss_landscapes": max_diff,
         "centre_equals_obj_loss_exactly": bool(centre_exact),
     }
-    report("bench_surface", rows, config, out_dir=args.out)
+    name = "bench_surface" + ("" if dev.type == "cpu" else f"_{dev.type}")
+    name += ("_quick" if args.quick else "") + (f"_{prec}" if prec else "")
+    report(name, rows, config, out_dir=args.out)
 
 
 if __name__ == "__main__":

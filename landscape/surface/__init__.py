@@ -2,6 +2,8 @@
 
 * ``grid``: :func:`surface` (strategies, BatchNorm policy, resume);
 * ``evaluators``: how grid points are evaluated (loop, linear first layer, vmap);
+* ``budget``: ``batch_points="auto"``, chunks of points whose measured peak fits ``max_memory``;
+* ``precision``: ``precision="bf16"|"tf32"`` evaluation and its recorded error against float32;
 * ``result``: the :class:`Surface` result (files, plots, HTML/VTK export);
 * ``directions``: random (filter-normalised), Hessian-eigenvector and trajectory-PCA directions;
 * ``trajectory``: parameter snapshots during training and their projection onto a plane;

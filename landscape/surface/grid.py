@@ -22,7 +22,9 @@ Evaluation strategies (``strategy``): ``"loop"`` (one ``functional_call`` pass p
 ``"linear_first_layer"`` (CPU default when the model is an ``nn.Sequential`` whose first
 parametrised layer is a ``Linear``: its output ``X (W + x D1 + y D2)^T + b(...)`` is linear in the
 coordinates, so ``X W^T``, ``X D1^T``, ``X D2^T`` are computed once and combined per point) and
-``"vmap"`` (GPU default: chunks of ``batch_points`` points in one ``torch.func.vmap`` call).
+``"vmap"`` (GPU default: chunks of ``batch_points`` points in one ``torch.func.vmap`` call; ``"auto"``:
+as many as fit ``max_memory``, :mod:`landscape.surface.budget`). ``precision="bf16"``/``"tf32"``
+(:mod:`landscape.surface.precision`) records its error against full precision on 9 of the points.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ __all__ = ["surface"]
 
 
 from landscape import checks
+from landscape.surface.budget import PointChunks
 from landscape.surface.evaluators import (
     _bn_modules,
     _Evaluator,
@@ -55,6 +58,7 @@ from landscape.surface.evaluators import (
     loss_fingerprint,
     model_hash,
 )
+from landscape.surface.precision import Precision, resume_key
 from landscape.surface.result import KNOWN_METRICS as _METRICS
 from landscape.surface.result import Surface, load_surface
 
@@ -187,6 +191,8 @@ def _check_resume(old: Surface, resume: Any, config: dict, cs: list, metrics: tu
     for key in ("directions_hash", "model_hash", "bn_policy"):
         if old.config.get(key) != config[key]:
             problems.append(key)
+    if resume_key(old.config) != resume_key(config):
+        problems.append("precision")
     old_obj, new_obj = old.config.get("objective", {}), config["objective"]
     for key, what in (("num_examples", "data size"), ("loss", "loss"), ("reduction", "reduction"),
                       ("dtype", "dtype"), ("mode", "mode")):  # fmt: skip
@@ -262,8 +268,10 @@ def surface(
     *,
     metrics: Sequence[str] = ("loss", "accuracy"),
     bn_policy: str | None = None,
-    batch_points: int | None = None,
+    batch_points: int | str | None = None,
     strategy: str = "auto",
+    max_memory: int | float | str | None = None,
+    precision: str | None = None,
     progress: bool = False,
     resume: str | os.PathLike | None = None,
     checkpoint_every: float = 60.0,
@@ -284,10 +292,18 @@ def surface(
             statistics), ``"train"`` (batch statistics), ``"recompute"`` (running statistics
             re-estimated on the data at every point, then eval mode). Default: ``"eval"`` when
             ``obj.mode == "eval"``, else ``"train"`` (so the centre equals ``obj.loss()``).
-        batch_points: grid points per vmap call (``"vmap"`` strategy; default 64) and the number of
-            points between progress/checkpoint updates.
+        batch_points: grid points per vmap call (``"vmap"`` strategy) and between progress/checkpoint
+            updates: an int, or ``"auto"`` (vmap: the widest chunk whose measured peak fits
+            ``max_memory``; :mod:`landscape.surface.budget`). Default: ``"auto"`` for vmap on CUDA or
+            with ``max_memory``, else 64. Recorded in ``config["batch_points"]``.
         strategy: ``"auto"`` (CPU: ``"linear_first_layer"`` when possible, else ``"loop"``; GPU:
             ``"vmap"``), ``"loop"``, ``"vmap"`` or ``"linear_first_layer"``.
+        max_memory: budget of one vmap call with ``batch_points="auto"``: bytes, ``"2GiB"``,
+            ``"50%"``, a fraction of the free memory, or ``None`` (half the free memory).
+        precision: ``None`` (the objective's dtype, no change), ``"float32"``, ``"tf32"`` or
+            ``"bf16"`` (:mod:`landscape.surface.precision`; float32 objectives only); with ``"tf32"``
+            (CUDA) or ``"bf16"`` up to 9 points are also evaluated in full precision and the
+            differences recorded in ``config["precision"]["error"]``.
         progress: tqdm bar over grid points.
         resume: a file: if it exists (a partial or complete surface of the same configuration),
             only the points its mask lacks are evaluated; progress is saved there atomically every
@@ -315,11 +331,9 @@ def surface(
         bn_policy = "eval" if obj.mode == "eval" else "train"
     if bn_policy not in _BN_POLICIES:
         raise ValueError(f"bn_policy must be one of {_BN_POLICIES}, got {bn_policy!r}")
-    if batch_points is None:
-        batch_points = 64
-    if not isinstance(batch_points, int) or batch_points < 1:
-        raise ValueError(f"batch_points must be a positive int, got {batch_points!r}")
+    prec = Precision(precision, obj)
     used = _resolve_strategy(strategy, obj, dirs, bn_policy)
+    plan = PointChunks(batch_points, max_memory, used, obj.device)
     _check_coords_order(cs)
     rank, world = 0, 1
     dist_on = False
@@ -338,7 +352,7 @@ def surface(
         fps: list[Any] = [None] * world
         torch.distributed.all_gather_object(fps, data_fp)
         data_fp = fps[0] if len(set(fps)) == 1 else _hash_text("|".join(fps))
-    _check_workspace_memory(obj, cls, dirs, bn_policy, shape, batch_points, data_bytes, world)
+    _check_workspace_memory(obj, cls, dirs, bn_policy, shape, plan.min_points, data_bytes, world)
     dir_desc = [dict(getattr(d, "config", {}) or {}) for d in directions]
     config = {
         "objective": obj.config(),
@@ -354,6 +368,7 @@ def surface(
         "ranges": [[float(c.min()), float(c.max())] for c in cs],
         "data": dict(data_info or {}),
         "strategy_requested": strategy,
+        "precision": prec.config(),
         "torch": torch.__version__,
     }
 
@@ -396,16 +411,17 @@ def surface(
 
     last_ckpt = time.perf_counter()
     try:
-        with obj.guard(), torch.no_grad():
+        with obj.guard(), torch.no_grad(), prec.context():
             for _, m in _bn_modules(obj.model):
                 m.training = bn_policy == "train"
             ev = cls(obj, dirs, bn_policy)
             ev.want_accuracy = "accuracy" in metrics
-            step = batch_points
-            for start in range(0, len(mine), step):
+            start = step = 0
+            while (start := start + step) < len(mine):
+                step = plan.next(len(mine) - start)
                 chunk = [tuple(int(v) for v in ix) for ix in mine[start : start + step]]
                 pts = [tuple(float(cs[a][ix[a]]) for a in range(len(cs))) for ix in chunk]
-                res = ev.evaluate(pts)
+                res = plan.evaluate(ev, pts)
                 evaluations += len(pts)
                 for ix, (lv, av) in zip(chunk, res):
                     new_vals["loss"][ix] = lv
@@ -462,6 +478,9 @@ def surface(
             stacklevel=2,
         )
     config["world_size"] = world
+    done = {m: values[m] for m in metrics if m != "accuracy" or accuracy_ok}
+    prec.report(obj, cls, dirs, bn_policy, cs, done, max(1, plan.width))  # full-precision check
+    config.update(precision=prec.config(), batch_points=plan.config())
     result = snapshot(False)
     if "accuracy" in result.values and not accuracy_ok:
         del result.values["accuracy"]
