@@ -55,6 +55,7 @@ from experiments.logs import EpochLogger
 from experiments.methods import build_optimizer, check_run, inner_optimizer
 from experiments.parallel import DistContext
 from experiments.schedules import FactorSchedule, NoSchedule, lr_factor
+from landscape.cli_common import interrupts_deferred
 
 __all__ = ["STEP_HOOK", "Trainer", "build_model", "check_model", "lr_factor"]
 
@@ -314,7 +315,8 @@ class Trainer:
             if STEP_HOOK is not None:
                 STEP_HOOK(self.counters["step"])
             try:
-                loss = self.opt.step(self.closures(x, y, n_idx, self.scaler))
+                with interrupts_deferred:  # a SIGTERM stops the run between steps, weights whole
+                    loss = self.opt.step(self.closures(x, y, n_idx, self.scaler))
                 self.scaler.update(False)
             except SkipStep:
                 self.scaler.update(True)

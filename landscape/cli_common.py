@@ -196,6 +196,9 @@ def sigterm_raises_interrupt() -> Iterator[None]:
         nonlocal fired
         if not fired:
             fired = True
+            if interrupts_deferred.depth:  # inside an optimizer step: raised when the step ends
+                interrupts_deferred.pending = True
+                return
             raise Terminated("SIGTERM")
 
     old = signal.signal(signal.SIGTERM, handler)
@@ -203,6 +206,33 @@ def sigterm_raises_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
+        interrupts_deferred.pending = False
+
+
+class _Deferred:
+    """``with interrupts_deferred:`` holds a SIGTERM that arrives inside the block (under
+    :func:`sigterm_raises_interrupt`) until the block ends, then raises :class:`Terminated`.
+
+    For the optimizer step of a training loop: an exception raised at an arbitrary bytecode could
+    interrupt a two-pass step between perturbing the weights and restoring them (or inside a
+    grad-mode switch, so that the restore itself fails); deferred to the step's end, the weights are
+    whole when the run stops.  Re-entrant; costs two attribute updates per block."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending = False
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self.depth -= 1
+        if self.depth == 0 and self.pending and exc[0] is None:  # else: held for the next block's end
+            self.pending = False
+            raise Terminated("SIGTERM")
+
+
+interrupts_deferred = _Deferred()
 
 
 # ------------------------------------------------------------------------------------- lock files

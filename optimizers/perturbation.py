@@ -428,8 +428,9 @@ class PerturbationOptimizer(SplitStep, torch.optim.Optimizer):
                 loss_eps = self._call(closure, k)
             finally:
                 self.perturbed = False
-                if params:
-                    torch._foreach_copy_(params, saved)
+                if params:  # no_grad: an exception may have left grad mode on while unwinding
+                    with torch.no_grad():
+                        torch._foreach_copy_(params, saved)
                 bn_restore(snap)
             rec["loss_perturbed"] = loss_eps
             if self.passes == 1:

@@ -233,8 +233,9 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
                     noise_sq = noise_sq + self._add_noise(params, noise_std)
                 losses.append(self._call(closure, k))
             finally:
-                if params:
-                    torch._foreach_copy_(params, saved)
+                if params:  # no_grad: an exception may have left grad mode on while unwinding
+                    with torch.no_grad():
+                        torch._foreach_copy_(params, saved)
             idx = [i for i, p in enumerate(params) if p.grad is not None]
             grads = [params[i].grad for i in idx]  # fresh tensors: _call sets .grad to None first
             # pass 2: gradient at the mean plus eps_k = rho g_k / s
@@ -245,8 +246,9 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
                     eps_sq, gnorm = eps_sq + e2, gnorm + g_norm
                 losses_eps.append(self._call(closure, k))
             finally:
-                if params:
-                    torch._foreach_copy_(params, saved)
+                if params:  # no_grad: an exception may have left grad mode on while unwinding
+                    with torch.no_grad():
+                        torch._foreach_copy_(params, saved)
                 bn_restore(snap)
             for i, p in enumerate(params):
                 if p.grad is not None:
