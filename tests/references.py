@@ -43,6 +43,7 @@ __all__ = [
     "make_classification_data",
     "split_batches",
     "matrix_with_spectrum",
+    "scripted_clock",
 ]
 
 
@@ -315,3 +316,14 @@ def matrix_with_spectrum(eigs: torch.Tensor, seed: int = 0) -> torch.Tensor:
     Q, _ = torch.linalg.qr(torch.randn(p, p, generator=g, dtype=torch.float64))
     A = (Q * eigs) @ Q.T
     return 0.5 * (A + A.T)
+
+
+def scripted_clock(durations: Iterable[float]):
+    """A clock (``time.perf_counter`` stand-in) whose successive timed intervals are ``durations``
+    (read as start, stop, start, stop, ...): makes timing-based choices deterministic in tests."""
+    ticks, now = [], 0.0
+    for d in durations:
+        ticks += [now, now + d]
+        now += d + 1.0
+    it = iter(ticks)
+    return lambda: next(it)

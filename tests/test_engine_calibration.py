@@ -12,23 +12,13 @@ from torch import nn
 import landscape as ls
 from landscape.curvature.autotune import PathTimer
 from landscape.curvature.engines import HVPEngine
-from tests.references import dense_hessian, make_classification_data, make_mlp
+from tests.references import dense_hessian, make_classification_data, make_mlp, scripted_clock
 
 
 def _objective():
     model = make_mlp((4, 6, 3), "tanh", seed=0, dtype=torch.float64)
     x, y = make_classification_data(n=20, d=4, n_classes=3, seed=1, dtype=torch.float64)
     return model, ls.Objective(model, nn.CrossEntropyLoss(), [(x, y)]), x, y
-
-
-def _clock(durations):
-    """A clock whose successive timed intervals are ``durations`` (start, stop, start, stop, ...)."""
-    ticks, now = [], 0.0
-    for d in durations:
-        ticks += [now, now + d]
-        now += d + 1.0
-    it = iter(ticks)
-    return lambda: next(it)
 
 
 @pytest.mark.parametrize(
@@ -41,7 +31,7 @@ def _clock(durations):
 def test_the_faster_engine_is_kept_per_block_width(durations, single, block):
     model, obj, x, y = _objective()
     H = dense_hessian(model, nn.CrossEntropyLoss(), [(x, y)])
-    eng = HVPEngine(obj, engine="auto", calibrate=True, timer=_clock(durations))
+    eng = HVPEngine(obj, engine="auto", calibrate=True, timer=scripted_clock(durations))
     g = torch.Generator().manual_seed(0)
     v = torch.randn(H.shape[0], 1, generator=g, dtype=torch.float64)
     V = torch.randn(H.shape[0], 5, generator=g, dtype=torch.float64)
@@ -69,7 +59,7 @@ def test_a_failing_path_is_dropped_with_its_reason():
             raise RuntimeError("vmap over this model is not supported")
         return V * 2
 
-    timer = PathTimer(("a", "b"), torch.device("cpu"), _clock([1.0]))
+    timer = PathTimer(("a", "b"), torch.device("cpu"), scripted_clock([1.0]))
     out = timer.run(torch.ones(3, 2), call)
     assert torch.equal(out, torch.full((3, 2), 2.0))
     assert timer.choice == {"block": "a"} and "vmap over this model" in timer.failed["b"]

@@ -7,7 +7,6 @@ reason, and on a CPU the default is forward mode bit for bit, with no timing."""
 from __future__ import annotations
 
 import importlib
-import math
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from torch import nn
 
 import landscape as ls
 from landscape.curvature.ggn import GGNOperator
-from tests.references import make_classification_data, make_mlp
+from tests.references import dense_ggn, make_classification_data, make_mlp, scripted_clock
 
 ggn_mod = importlib.import_module("landscape.curvature.ggn")  # the module (``curvature.ggn`` is the function)
 
@@ -28,34 +27,11 @@ def _problem(batches=(20,)):
 
 
 def _dense_ggn_ce(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``(1/N) sum_n J_n^T (diag(p_n) - p_n p_n^T) J_n``: the GGN of the mean cross-entropy, from
-    ``torch.autograd.functional.jacobian`` of the outputs and the closed-form output Hessian."""
-    names = [n for n, _ in model.named_parameters()]
-    shapes = [p.shape for _, p in model.named_parameters()]
-    theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-    def f(flat: torch.Tensor) -> torch.Tensor:
-        ps, off = {}, 0
-        for n, s in zip(names, shapes):
-            ps[n] = flat[off : off + math.prod(s)].reshape(s)
-            off += math.prod(s)
-        return torch.func.functional_call(model, ps, (x,))
-
-    out = f(theta).detach()
-    J = torch.autograd.functional.jacobian(f, theta)  # [N, C, p]
-    p = out.softmax(-1)
-    h_out = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]  # [N, C, C]
-    return torch.einsum("ncp,ncd,ndq->pq", J, h_out, J) / x.shape[0]
-
-
-def _clock(durations):
-    """A clock whose successive timed intervals are ``durations`` (start, stop, start, stop, ...)."""
-    ticks, now = [], 0.0
-    for d in durations:
-        ticks += [now, now + d]
-        now += d + 1.0
-    it = iter(ticks)
-    return lambda: next(it)
+    """The GGN of the mean cross-entropy over ``x``, built by ``tests.references.dense_ggn`` (Jacobian
+    and output Hessian by autodiff). The cross-entropy's output Hessian ``diag(p) - p p^T`` does not
+    depend on the labels, so any labels give the same matrix."""
+    labels = torch.zeros(x.shape[0], dtype=torch.long)
+    return dense_ggn(model, nn.CrossEntropyLoss(), [(x, labels)])
 
 
 def _no_clock():
@@ -95,7 +71,7 @@ def _record_paths(op: GGNOperator) -> list[str]:
 def test_the_faster_path_is_kept_per_block_width(durations, single, block, batches):
     model, obj, x = _problem(batches)
     G = _dense_ggn_ce(model, x)
-    op = GGNOperator(obj, calibrate=True, timer=_clock(durations))
+    op = GGNOperator(obj, calibrate=True, timer=scripted_clock(durations))
     calls = _record_paths(op)
     v, V = _vectors(G.shape[0])
     assert _rel(op @ v, G @ v) <= 1e-10
@@ -124,7 +100,7 @@ def test_the_path_not_chosen_is_never_run_again(path, other, monkeypatch):
     fast, slow = 1.0, 5.0
     durations = [fast, slow] * 2 if path == "forward" else [slow, fast] * 2
     op = ls.ggn(obj, calibrate=True)
-    op._paths.timer = _clock(durations)
+    op._paths.timer = scripted_clock(durations)
     v, V = _vectors(G.shape[0])
     op @ v, op @ V  # calibration of both widths
     if path == "forward":  # the traced linearisation is not kept when no width uses it
@@ -146,7 +122,7 @@ def test_a_failing_path_is_dropped_with_its_reason(monkeypatch):
 
     monkeypatch.setattr(ggn_mod, "linearize", broken)
     op = ls.ggn(obj, calibrate=True)
-    op._paths.timer = _clock([3.0, 4.0])  # only forward mode is timed
+    op._paths.timer = scripted_clock([3.0, 4.0])  # only forward mode is timed
     v, V = _vectors(G.shape[0])
     for w in (v, V, V):
         assert _rel(op @ w, G @ w) <= 1e-10
@@ -233,7 +209,7 @@ def test_calibration_leaves_the_model_untouched():
 def test_memory_fits_are_kept_per_chosen_path():
     model, obj, x = _problem()
     G = _dense_ggn_ce(model, x)
-    clock = _clock([5.0, 1.0] * 2)  # linearize faster for both widths
+    clock = scripted_clock([5.0, 1.0] * 2)  # linearize faster for both widths
     op = GGNOperator(obj, calibrate=True, timer=clock, max_memory="1GiB")
     V = _vectors(G.shape[0])[1]
     for _ in range(2):
@@ -249,7 +225,7 @@ def test_fisher_operators_calibrate_the_same_paths():
     for make in (ls.empirical_fisher, ls.fisher):
         want = make(obj, jvp="forward")
         op = make(obj, calibrate=True)
-        op._paths.timer = _clock([5.0, 1.0, 1.0, 5.0])
+        op._paths.timer = scripted_clock([5.0, 1.0, 1.0, 5.0])
         for w in (v, V, v, V):
             assert _rel(op @ w, want @ w) <= 1e-12
         cfg = op.config()
