@@ -389,15 +389,6 @@ def _run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool
                 k: v for k, v in trainer.data.noise.config.items() if k != "train_indices"
             }
             details["label_noise"]["realised_rate"] = trainer.data.noise.realised_rate
-        effective = {
-            "epochs": trainer.cfg["train"]["epochs"],
-            "n_train": getattr(trainer, "n", None),  # an ensemble that diverged has no member 0 yet
-            "n_test": len(trainer.data.y_test),
-            "batch_size": getattr(trainer, "batch_size", None),
-            "steps_per_epoch": getattr(trainer, "steps_per_epoch", None),
-            "steps": trainer.counters["step"],
-            "skipped_steps": trainer.counters["skipped"],
-        }
         save_run(
             run,
             trainer,
@@ -405,7 +396,7 @@ def _run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool
             env=env,
             metrics=metrics,
             details=details,
-            effective=effective,
+            epochs=trainer.cfg["train"]["epochs"],
             diverged=diverged,
         )
     ctx.barrier()
@@ -422,11 +413,22 @@ def save_run(
     env: dict[str, Any],
     metrics: dict[str, Any],
     details: dict[str, Any],
-    effective: dict[str, Any],
+    epochs: int,
     diverged: Any,
 ) -> None:
     """Write a finished run's ``metrics.json`` (the row tables average; only the status for a run
-    that diverged) and then ``results.json`` (everything; its presence marks the run done)."""
+    that diverged) and then ``results.json`` (everything; its presence marks the run done).
+
+    ``epochs``: the epochs the run was set to (the study's stopping rule passes those it ran)."""
+    effective = {
+        "epochs": epochs,
+        "n_train": getattr(trainer, "n", None),  # an ensemble that diverged has no member 0 yet
+        "n_test": len(trainer.data.y_test),
+        "batch_size": getattr(trainer, "batch_size", None),
+        "steps_per_epoch": getattr(trainer, "steps_per_epoch", None),
+        "steps": trainer.counters["step"],
+        "skipped_steps": trainer.counters["skipped"],
+    }
     result = RunResult(
         config=run.cfg,
         seconds=seconds,

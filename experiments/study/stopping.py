@@ -177,15 +177,6 @@ def train_to_target(
             except Diverged as exc:
                 diverged = exc.record
         details["stop"] = stop_record(trainer.history, stop)
-        effective = {
-            "epochs": trainer.counters["epoch"],
-            "n_train": trainer.n,
-            "n_test": len(trainer.data.y_test),
-            "batch_size": trainer.batch_size,
-            "steps_per_epoch": trainer.steps_per_epoch,
-            "steps": trainer.counters["step"],
-            "skipped_steps": trainer.counters["skipped"],
-        }
         save_run(
             run,
             trainer,
@@ -193,7 +184,7 @@ def train_to_target(
             env=env,
             metrics=metrics,
             details=details,
-            effective=effective,
+            epochs=trainer.counters["epoch"],
             diverged=diverged,
         )
     if diverged is not None:
