@@ -33,9 +33,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils._pytree import tree_map
 
-from optimizers.chunk_losses import flat_cross_entropy
+from optimizers.chunk_losses import chunk_losses
 
 __all__ = [
     "chunk_norms",
@@ -214,24 +213,13 @@ class ChunkVectoriser:
             for _, mod in self.bn:
                 mod.momentum = None  # factor 1 / num_batches_tracked = 1: scratch <- chunk statistics
             batched = {**dict(zip(params, leaves)), **scratch}
-            losses = stats = outs = None
-            flat = flat_cross_entropy(loss_fn) if self.ys is not None else None
-            if flat is not None:  # (1) of optimizers.chunk_losses: one call on the m b rows
-                outs, stats = vmap(forward)(batched, self.xs)
-                losses = flat(outs, self.ys)
-            elif self.ys is not None and _loss_in_vmap(loss_fn) is not False:  # (2): the loss under vmap
-                try:
-                    losses, stats = vmap(forward_loss)(batched, self.xs, self.ys)
-                    _remember_loss_in_vmap(loss_fn, losses.shape == (m,))
-                except Exception:  # noqa: BLE001 - e.g. a loss reading values on the host: (3)
-                    _remember_loss_in_vmap(loss_fn, False)
-                    losses = None
-            if losses is None or losses.shape != (m,):  # (3): chunk by chunk, as the loop calls it
-                if outs is None:
-                    outs, stats = vmap(forward)(batched, self.xs)
-                losses = torch.stack(
-                    [loss_fn(tree_map(lambda t, k=k: t[k], outs), y) for k, y in enumerate(self.y_list)]
-                )
+            losses, stats = chunk_losses(
+                loss_fn,
+                self.ys,
+                self.y_list,
+                outputs=lambda: vmap(forward)(batched, self.xs),
+                outputs_and_losses=lambda: vmap(forward_loss)(batched, self.xs, self.ys),
+            )
             grads = torch.autograd.grad(losses.sum(), leaves)
         finally:
             for (_, mod), mu in zip(self.bn, momenta):
@@ -258,25 +246,6 @@ class ChunkVectoriser:
                 f = 1.0 / float(mod.num_batches_tracked) if mod.momentum is None else mod.momentum
                 mod.running_mean.copy_(means[k] * f + mod.running_mean * (1.0 - f))
                 mod.running_var.copy_(vars_[k] * f + mod.running_var * (1.0 - f))
-
-
-#: per loss function: does ``loss_fn`` run under ``vmap`` (one batched call for the ``m`` chunks)?
-#: Learnt on first use; a loss that cannot (e.g. one reading a value on the host) is called per chunk.
-_LOSS_IN_VMAP: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-
-
-def _loss_in_vmap(loss_fn: Any) -> bool | None:
-    try:
-        return _LOSS_IN_VMAP.get(loss_fn)
-    except TypeError:  # not weakly referenceable (a builtin): try every time
-        return None
-
-
-def _remember_loss_in_vmap(loss_fn: Any, ok: bool) -> None:
-    try:
-        _LOSS_IN_VMAP[loss_fn] = ok
-    except TypeError:
-        pass
 
 
 _USED: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...], tuple[str, ...]]] = (

@@ -21,14 +21,70 @@ compare every update with the loop in float64.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import tree_map
 
-__all__ = ["flat_cross_entropy"]
+__all__ = ["chunk_losses", "flat_cross_entropy"]
+
+#: per loss function: does ``loss_fn`` run under ``vmap`` (way 2)?  Learnt on first use.
+_LOSS_IN_VMAP: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def chunk_losses(
+    loss_fn: Any,
+    ys: torch.Tensor | None,
+    y_list: Sequence[Any],
+    *,
+    outputs: Callable[[], tuple[Any, Any]],
+    outputs_and_losses: Callable[[], tuple[torch.Tensor, Any]],
+) -> tuple[torch.Tensor, Any]:
+    """``(losses [m], extra)`` of the vectorised forward pass, by the fastest of the three ways.
+
+    ``outputs()`` runs the pass and returns ``(outputs [m, b, ...], extra)``; ``outputs_and_losses()``
+    runs it with ``loss_fn`` inside ``vmap`` and returns ``(losses [m], extra)``. ``ys``: the targets
+    stacked ``[m, b, ...]`` (``None`` if they cannot be stacked), ``y_list`` the ``m`` targets."""
+    m = len(y_list)
+    flat = flat_cross_entropy(loss_fn) if ys is not None else None
+    outs = extra = None
+    if flat is not None:  # (1): one call on the m b rows
+        outs, extra = outputs()
+        losses = flat(outs, ys)
+        if losses is not None:
+            return losses, extra
+    elif ys is not None and _loss_in_vmap(loss_fn) is not False:  # (2): the loss under vmap
+        try:
+            losses, extra = outputs_and_losses()
+        except Exception:  # noqa: BLE001 - e.g. a loss reading values on the host: (3)
+            _remember_loss_in_vmap(loss_fn, False)
+        else:
+            ok = losses.shape == (m,)
+            _remember_loss_in_vmap(loss_fn, ok)
+            if ok:
+                return losses, extra
+    if outs is None:  # (3): chunk by chunk, as the loop calls it
+        outs, extra = outputs()
+    losses = torch.stack([loss_fn(tree_map(lambda t, k=k: t[k], outs), y) for k, y in enumerate(y_list)])
+    return losses, extra
+
+
+def _loss_in_vmap(loss_fn: Any) -> bool | None:
+    try:
+        return _LOSS_IN_VMAP.get(loss_fn)
+    except TypeError:  # not weakly referenceable (a builtin): try every time
+        return None
+
+
+def _remember_loss_in_vmap(loss_fn: Any, ok: bool) -> None:
+    try:
+        _LOSS_IN_VMAP[loss_fn] = ok
+    except TypeError:
+        pass
 
 
 def flat_cross_entropy(loss_fn: Any) -> Callable[[Any, torch.Tensor], torch.Tensor | None] | None:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from optimizers import SAM, batched_chunks
+from optimizers import SAM, chunk_losses
 from optimizers.chunk_losses import flat_cross_entropy
 from optimizers.perturbation import make_closure
 
@@ -103,7 +103,7 @@ def test_batched_sam_step_equals_loop_for_each_way_of_computing_the_losses(way: 
             opt.step(make_closure(opt, mod, loss_fn, x, y))
     assert opts[0].last["m_sharpness"] == "batched"
     if way != "flat_cross_entropy":  # the batched path learnt whether the loss runs under vmap
-        assert batched_chunks._LOSS_IN_VMAP[loss_fn] is (way == "loss_under_vmap")
+        assert chunk_losses._LOSS_IN_VMAP[loss_fn] is (way == "loss_under_vmap")
     assert opts[1].last["m_sharpness"].startswith("sequential")
     for pa, pb in zip(model.parameters(), loop_model.parameters()):
         torch.testing.assert_close(pa, pb, atol=1e-10, rtol=0)
