@@ -188,6 +188,17 @@ CLAIMS += [
         },
         "{th:.2f}× / {tg:.2f}× (transformer) and {wh:.2f}× / {wg:.2f}× (WRN-16-4) as fast as",
     ),
+    _claim(
+        "products_cpu.compiled_hessian_path",
+        RESNET_MLP,
+        {
+            "cf": _row("resnet20", "landscape compiled hessian", "x_gradient"),
+            "ef": _row("resnet20", "landscape forward_over_reverse", "x_gradient"),
+            "d": _row("resnet20", DEFAULT["h"], "x_gradient"),
+        },
+        "for every product ({cf:.2f}× a gradient on ResNet-20 compiled, {ef:.2f}× eager), while the default\n"
+        "differentiates a cached backward graph once per product ({d:.2f}×)",
+    ),
 ]
 
 

@@ -393,3 +393,35 @@ def test_the_callers_model_is_untouched():
         with pytest.raises(ValueError):
             build(obj, max_memory="-1")
         _assert_same(model, snap)
+
+
+def test_the_curvature_monitor_passes_its_budget_to_every_check(monkeypatch):
+    """``CurvatureMonitor(max_memory=...)``: each check's Hessian gets the budget; the trace block is
+    split by it and the numbers equal an unbudgeted monitor's and the dense float64 Hessian's."""
+    from landscape.curvature import monitor as monitor_mod
+    from tests.references import dense_hessian, make_classification_data, make_mlp
+
+    model = make_mlp((4, 6, 3), "tanh", seed=0, dtype=torch.float64)
+    x, y = make_classification_data(n=24, d=4, n_classes=3, seed=1, dtype=torch.float64)
+    built = []
+    real = monitor_mod.hessian
+
+    def recording(obj, **kw):
+        op = real(obj, **kw)
+        built.append(op)
+        return op
+
+    monkeypatch.setattr(monitor_mod, "hessian", recording)
+    kw = dict(lr=0.1, max_matvecs=60, tol=1e-10, trace_probes=6)
+    budgeted = ls.CurvatureMonitor((x, y), nn.CrossEntropyLoss(), max_memory=4 * 2**20, **kw)
+    plain = ls.CurvatureMonitor((x, y), nn.CrossEntropyLoss(), **kw)
+    a, b = budgeted.check(model, 0), plain.check(model, 0)
+    budget = built[0].config()["memory_budget"]
+    assert budget["budget_bytes"] == 4 * 2**20 and budget["measured_columns"] > 0
+    assert built[1].config()["memory_budget"] is None
+    assert budgeted.config()["max_memory"] == 4 * 2**20
+    assert a["trace"] == b["trace"]  # double backward computes every column alone: bit-identical
+    H = dense_hessian(model, nn.CrossEntropyLoss(), [(x, y)])
+    assert a["lambda_max"] == pytest.approx(float(torch.linalg.eigvalsh(H)[-1]), rel=1e-9)
+    with pytest.raises(ValueError, match="is not a memory size"):
+        ls.CurvatureMonitor((x, y), nn.CrossEntropyLoss(), lr=0.1, max_memory="lots")

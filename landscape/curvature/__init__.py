@@ -8,6 +8,8 @@
   Fisher operators;
 * ``memory``: ``max_memory=`` of every operator: blocks split into chunks of columns whose measured
   peak memory stays within a budget;
+* ``compiled``, ``autocompile``: products as one ``torch.compile`` graph, and ``compile="auto"`` of
+  the estimators: compile when the measured saving over the products left pays for the compile;
 * ``linop``: what the spectral estimators accept (operators, dense matrices, objectives);
 * ``eigen``, ``trace``, ``density``: Lanczos eigenvalues, trace/diagonal estimators with error bars,
   and stochastic Lanczos quadrature (``xtrace``: XTrace's state, rank-deficient sketches included);

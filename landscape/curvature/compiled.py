@@ -24,6 +24,14 @@ to the eager operator for good and records why: ``config()["compiled"] is False`
 ``config()["compile_error"]``.  Products are always the eager operator's matrix.
 
 Buffers (e.g. BatchNorm running statistics) are copied once at construction, like the parameters.
+
+``max_memory`` (default: the eager operator's budget) splits blocks like every operator
+(:mod:`landscape.curvature.memory`), with one difference: the calls that measure a width's peak run
+the *eager* product, so that no probe width is compiled for nothing, and the compiled graph runs
+the chunks planned from that fit.  The assumption is that a compiled graph of the same product
+needs no more memory than the eager one (it computes the same batched tensors and the compiler
+reuses buffers); on a CPU its peak cannot be checked (the compiled kernels allocate outside the
+dispatcher, where the memory tracker sees nothing).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from torch.func import jvp, vjp, vmap
 from landscape.curvature.base import CurvatureOperator, math_attention
 from landscape.curvature.ggn import GGNOperator
 from landscape.curvature.hessian import HessianOperator
+from landscape.curvature.memory import make_budget
 from landscape.curvature.output_hessian import output_hessian
 
 __all__ = ["CompiledOperator", "compile_operator"]
@@ -106,6 +115,8 @@ class CompiledOperator(CurvatureOperator):
         warmup: bool = True,
         verify: bool = True,
         seed: int = 0,
+        probe_width: int = 1,
+        max_memory: Any = "inherit",
     ) -> None:
         if isinstance(op, CompiledOperator):
             raise TypeError("the operator is already compiled; pass the eager operator")
@@ -118,6 +129,8 @@ class CompiledOperator(CurvatureOperator):
             raise TypeError(f"mode must be None or a torch.compile mode string, got {mode!r}")
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+        if isinstance(probe_width, bool) or not isinstance(probe_width, int) or probe_width < 1:
+            raise ValueError(f"probe_width must be a positive int, got {probe_width!r}")
         # The eager operator already validated the objective and holds private copies of the point:
         # share them instead of copying again (``CurvatureOperator.__init__`` would copy).
         self.eager = op
@@ -131,7 +144,10 @@ class CompiledOperator(CurvatureOperator):
             getattr(op, "engine", None), "chunk_size", None
         )
         self.chunk_size = chunk_size if chunk_size is not None else (default_chunk or 32)
-        self.seed = seed
+        self.seed, self.probe_width = seed, probe_width
+        if isinstance(max_memory, str) and max_memory == "inherit":
+            max_memory = None if op._budget is None else op._budget.spec
+        self._budget = make_budget(max_memory, op.device, op.name)
         self.compiled = True
         self.compile_error: str | None = None
         self.compile_seconds = 0.0
@@ -228,7 +244,7 @@ class CompiledOperator(CurvatureOperator):
 
     def _warmup(self, verify: bool) -> None:
         gen = torch.Generator().manual_seed(self.seed)
-        probe = torch.randn(self.shape[0], 1, generator=gen, dtype=torch.float64)
+        probe = torch.randn(self.shape[0], self.probe_width, generator=gen, dtype=torch.float64)
         probe = probe.to(device=self.device, dtype=self.dtype)
         with self.objective._evaluating(), math_attention():
             try:
@@ -250,6 +266,8 @@ class CompiledOperator(CurvatureOperator):
             )
 
     def _matmat(self, V: torch.Tensor) -> torch.Tensor:
+        if self._budget is not None and self._budget.measuring:
+            return self.eager._matmat(V)  # a width's peak is measured on the eager path (docstring)
         if self.compiled:
             try:
                 return self._run(V)
@@ -296,6 +314,8 @@ def compile_operator(
     warmup: bool = True,
     verify: bool = True,
     seed: int = 0,
+    probe_width: int = 1,
+    max_memory: Any = "inherit",
 ) -> CompiledOperator:
     """``torch.compile`` the products of a Hessian or GGN operator (opt-in; eager fallback recorded).
 
@@ -309,6 +329,9 @@ def compile_operator(
         verify: compare the first compiled product with the eager one (relative tolerance
             ``1e-3`` in float32, ``1e-8`` in float64) and fall back if they disagree.
         seed: seed of the warm-up probe.
+        probe_width: columns of the warm-up probe (the block width compiled first).
+        max_memory: budget of a block's peak memory (:mod:`landscape.curvature.memory`): the eager
+            operator's (``"inherit"``, default), ``None`` for none, or a new budget.
 
     Returns:
         A :class:`CompiledOperator`; ``config()["compiled"]`` says whether products run compiled,
@@ -324,4 +347,6 @@ def compile_operator(
         warmup=warmup,
         verify=verify,
         seed=seed,
+        probe_width=probe_width,
+        max_memory=max_memory,
     )

@@ -135,6 +135,7 @@ def spectral_density(
     seed: int | torch.Generator | None = 0,
     probes: torch.Tensor | None = None,
     progress: bool = False,
+    compile: bool | str = "auto",
 ) -> DensityResult:
     """Spectral density of a symmetric operator by stochastic Lanczos quadrature.
 
@@ -148,6 +149,9 @@ def spectral_density(
         seed: int or ``torch.Generator``.
         probes: optional ``[p, runs]`` start vectors (normalised internally) instead of random ones.
         progress: accepted for API symmetry (the lock-step runs show no per-step bar).
+        compile: ``"auto"`` (default), ``True`` or ``False``: compile a Hessian or GGN operator's
+            products when the ``runs x lanczos_steps`` of them pay for it
+            (:mod:`landscape.curvature.autocompile`).
 
     Returns:
         :class:`DensityResult`: ``grid``, ``density`` (integrates to 1), per-run ``nodes`` and
@@ -170,7 +174,8 @@ def spectral_density(
             raise ValueError(
                 "grid must be a number of points (int >= 2) or a non-empty tensor of finite values"
             )
-    A = as_linop(op)
+    n_runs = probes.shape[-1] if isinstance(probes, torch.Tensor) and probes.ndim == 2 else runs
+    A = as_linop(op, compile=compile, products=n_runs * lanczos_steps)
     p = A.p
     steps = min(lanczos_steps, p)
     gen = make_generator(seed)

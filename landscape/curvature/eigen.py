@@ -146,6 +146,7 @@ def _dense_solve(A, k, which, tol, atol, t0, config) -> EigenResult:
     vals, vecs = theta[idx], S[:, idx]
     res = torch.linalg.vector_norm(M @ vecs - vecs * vals, dim=0)
     config["residuals"] = "true"
+    config["operator"] = A.config()  # with what the products ran on (e.g. compile="auto"'s decision)
     conv = [bool(r <= max(tol * abs(v), atol)) for r, v in zip(res.tolist(), vals.tolist())]
     return EigenResult(
         config=config,
@@ -177,6 +178,7 @@ def eigenvalues(
     per_layer: bool | Mapping[str, int] = False,
     progress: bool = False,
     true_residuals: bool | None = None,
+    compile: bool | str = "auto",
 ) -> EigenResult | dict[str, EigenResult]:
     """The ``k`` extreme eigenpairs of a symmetric operator by thick-restart (block) Lanczos.
 
@@ -211,25 +213,19 @@ def eigenvalues(
             more than it verifies (``k = 5`` at 10 products: a 5-step Lanczos), so ``True`` acts as
             ``None`` there (``config["true_residuals_reserved"]`` says which).  ``False``: never;
             residuals and ``converged`` from the recurrence.
+        compile: ``"auto"`` (default): a Hessian or GGN operator is compiled when the budget's
+            products pay for the compile (:mod:`landscape.curvature.autocompile`; the decision is in
+            ``config["operator"]["autocompile"]``); ``True``: always; ``False``: never.
 
     Returns:
         :class:`EigenResult` with ``values`` sorted per ``which``, ``vectors`` ``[p, k]``,
         ``residuals``, ``converged`` (per pair, from true residuals), ``matvecs``, ``seconds``.
     """
     kwargs = dict(
-        k=k,
-        which=which,
-        tol=tol,
-        atol=atol,
-        max_matvecs=max_matvecs,
-        seed=seed,
-        block_size=block_size,
-        ncv=ncv,
-        restart_keep=restart_keep,
-        return_vectors=return_vectors,
-        progress=progress,
-        true_residuals=true_residuals,
-    )
+        k=k, which=which, tol=tol, atol=atol, max_matvecs=max_matvecs, seed=seed, block_size=block_size,
+        ncv=ncv, restart_keep=restart_keep, return_vectors=return_vectors, progress=progress,
+        true_residuals=true_residuals, compile=compile,
+    )  # fmt: skip
     _check_args(k, which, tol, atol, max_matvecs, seed)
     if true_residuals not in (None, True, False):
         raise TypeError(f"true_residuals must be None, True or False, got {true_residuals!r}")
@@ -250,7 +246,7 @@ def eigenvalues(
         return out
 
     t0 = time.perf_counter()
-    A = as_linop(op)
+    A = as_linop(op, compile=compile, products=max_matvecs or max(300, 40 * k))
     p = A.p
     _check_dim(k, p)
     if v0 is not None:
@@ -390,6 +386,7 @@ def eigenvalues(
             bar.close()
 
     order = _order(vals_final, which)
+    config["operator"] = A.config()
     return EigenResult(
         config=config,
         seconds=time.perf_counter() - t0,

@@ -98,10 +98,23 @@ def _check_symmetric(A: torch.Tensor) -> None:
         )
 
 
-def as_linop(op: Any, *, device: str | torch.device | None = None) -> LinOp:
-    """Wrap an operator, a dense symmetric tensor/array or an Objective (its Hessian)."""
+def as_linop(
+    op: Any, *, device: str | torch.device | None = None, compile: bool | str = False, products: int = 0
+) -> LinOp:
+    """Wrap an operator, a dense symmetric tensor/array or an Objective (its Hessian).
+
+    ``compile``: ``True``/``"auto"`` compile a Hessian or GGN operator's products (always / when
+    the ``products`` the caller will run pay for it), :mod:`landscape.curvature.autocompile`."""
     if isinstance(op, LinOp):
         return op
+    if compile is not False:
+        from landscape.curvature.autocompile import auto_compile  # lazy: operators are optional here
+
+        if is_objective(op):
+            from landscape.curvature.hessian import hessian
+
+            op = hessian(op)
+        op = auto_compile(op, products, compile)
     if isinstance(op, np.ndarray):
         op = torch.from_numpy(op)
     if isinstance(op, torch.Tensor):

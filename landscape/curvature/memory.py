@@ -278,6 +278,7 @@ class BlockBudget:
         self.reason = "no block multiplied yet"
         self.warning: str | None = None
         self._extra = 0
+        self.measuring = False  # True inside a measured call (a compiled operator runs eagerly then)
 
     # ------------------------------------------------------------------ the fit
     def _point(self, key_of: Callable[[int], str], w: int) -> int | None:
@@ -355,8 +356,12 @@ class BlockBudget:
     def _measure(self, block: torch.Tensor, fn, key_of) -> torch.Tensor:
         w = int(block.shape[1])
         before = key_of(w)
-        with track_peak(self.device, self.method) as t:
-            res = fn(block)
+        self.measuring = True
+        try:
+            with track_peak(self.device, self.method) as t:
+                res = fn(block)
+        finally:
+            self.measuring = False
         retained = max(0, t.live - t.nbytes(res))  # a cached graph, kept factors: one-time costs
         self._extra += retained
         self.one_time_bytes += retained

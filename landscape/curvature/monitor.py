@@ -33,6 +33,7 @@ from torch import nn
 from landscape.checks import check_choice, check_int, check_positive, check_seed
 from landscape.curvature.eigen import eigenvalues
 from landscape.curvature.hessian import hessian
+from landscape.curvature.memory import parse_budget
 from landscape.curvature.stability import ADAM, Preconditioned, adam_preconditioner, stability_threshold
 from landscape.curvature.trace import trace
 from landscape.guard import model_guard
@@ -140,6 +141,8 @@ class CurvatureMonitor:
         warm_start: start Lanczos from the previous check's top eigenvector.
         seed: seed of the cold Lanczos start and of the Hutchinson probes.
         params, mode, dtype, device: passed to :class:`landscape.Objective`.
+        max_memory: budget of a block of Hessian products' peak memory (bytes, ``"2GiB"``, a
+            fraction of the free memory; :mod:`landscape.curvature.memory`); ``None``: no limit.
         progress: tqdm bars in the estimators.
 
     Attributes:
@@ -172,6 +175,7 @@ class CurvatureMonitor:
         mode: str = "eval",
         dtype: torch.dtype | None = None,
         device: str | torch.device | None = None,
+        max_memory: int | float | str | None = None,
         progress: bool = False,
     ) -> None:
         if data is None:
@@ -207,6 +211,10 @@ class CurvatureMonitor:
         self.every, self.max_matvecs, self.tol, self.budget = every, max_matvecs, tol, budget
         self.trace_probes, self.warm_start, self.seed = trace_probes, warm_start, seed
         self.lr, self.fixed_threshold, self.progress = lr, threshold, progress
+        parse_budget(
+            max_memory, "cpu" if device is None else device
+        )  # a bad budget fails here, not at a check
+        self.max_memory = max_memory
         self._obj_kw = dict(params=params, mode=mode, dtype=dtype, device=device)
         self.history: list[dict[str, Any]] = []
         self.total_matvecs = 0
@@ -312,7 +320,7 @@ class CurvatureMonitor:
             )
         else:
             with obj.guard():
-                H = hessian(obj)
+                H = hessian(obj, max_memory=self.max_memory)
                 rec["loss"] = float(obj.loss())
                 rec["warm"] = self.warm_start and self._v is not None
                 res = self._lanczos(H, self._v, left)
@@ -370,6 +378,7 @@ class CurvatureMonitor:
             "trace_probes": self.trace_probes, "preconditioned": self.preconditioned, "seed": self.seed,
             "warm_start": self.warm_start, "lr": self.lr, "threshold": self.fixed_threshold,
             "optimizer": None if self.optimizer is None else type(self.optimizer).__name__, "ncv": _NCV,
+            "max_memory": self.max_memory,
         }  # fmt: skip
         if self.optimizer is not None:
             cfg["optimizer_defaults"] = {

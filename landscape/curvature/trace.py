@@ -162,6 +162,7 @@ def trace(
     pilot: int = 8,
     per_layer: bool | Mapping[str, int] = False,
     progress: bool = False,
+    compile: bool | str = "auto",
 ) -> TraceResult | dict[str, TraceResult]:
     """Estimate ``tr(A)`` with a standard error, stopping when the ``level`` confidence interval's
     half-width is below ``max(rtol * |estimate|, atol)`` or ``max_matvecs`` is spent.
@@ -180,6 +181,8 @@ def trace(
         pilot: XTrace pilot size ``m0`` for ``"auto"`` and the first XTrace stage.
         per_layer: ``True`` or ``{name: size}``: a dict ``name -> TraceResult`` per diagonal block.
         progress: tqdm bar over matvecs.
+        compile: ``"auto"`` (default), ``True`` or ``False``: compile a Hessian or GGN operator's
+            products when ``max_matvecs`` of them pay for it (:mod:`landscape.curvature.autocompile`).
     """
     check_choice("method", method, _METHODS)
     check_nonnegative("rtol", rtol)
@@ -205,13 +208,14 @@ def trace(
         sketch=sketch,
         pilot=pilot,
         progress=progress,
+        compile=compile,
     )
     if per_layer is not False:
         gen = make_generator(seed)
         return {name: trace(blk, seed=gen, **kwargs) for name, blk in blocks(op, per_layer).items()}
 
     t0 = time.perf_counter()
-    A = as_linop(op)
+    A = as_linop(op, compile=compile, products=max_matvecs)
     gen = make_generator(seed)
     config = {**kwargs, "seed": seed_config(seed), "operator": A.config()}
     config.pop("progress")
@@ -313,6 +317,7 @@ def trace(
     finally:
         if bar is not None:
             bar.close()
+    config["operator"] = A.config()  # with what the products ran on (compile="auto"'s decision)
     return TraceResult(
         config=config,
         seconds=time.perf_counter() - t0,
