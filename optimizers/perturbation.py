@@ -318,7 +318,8 @@ class PerturbationOptimizer(SplitStep, torch.optim.Optimizer):
     #: Optional: ``_perturbation_batched(pairs, grads)`` with ``grads[i]`` of shape ``[m, *p.shape]``
     #: (chunk ``k``'s gradient in slice ``k``) returns ``eps`` stacked the same way and diagnostics of
     #: shape ``[m]``: the ``m`` perturbations of the batched m-sharpness path in one pass, equal to
-    #: ``m`` calls of :meth:`_perturbation`.  ``None``: that path calls ``_perturbation`` chunk by chunk.
+    #: ``m`` calls of :meth:`_perturbation`.  ``None`` (the attribute or its result): that path calls
+    #: ``_perturbation`` chunk by chunk.
     _perturbation_batched: Callable[..., tuple[list[torch.Tensor], dict]] | None = None
 
     def _begin_step(self) -> None:
@@ -467,9 +468,17 @@ def _summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _summarise_stacked(stacked: dict[str, torch.Tensor]) -> dict[str, Any]:
     """:func:`_summarise` of the records whose values are the slices of ``stacked`` (each ``[m]``)."""
-    out: dict[str, Any] = {key: v.mean() for key, v in stacked.items()}
-    keys = list(stacked)
-    out["per_chunk"] = [dict(zip(keys, vals)) for vals in zip(*(v.unbind(0) for v in stacked.values()))]
+    keys, vals = list(stacked), list(stacked.values())
+    first = vals[0]
+    if all(v.dtype == first.dtype and v.device == first.device and v.dim() == 1 for v in vals):
+        table = torch.stack(vals)  # [keys, m]: a handful of operations instead of two per key
+        out: dict[str, Any] = dict(zip(keys, table.mean(1).unbind(0)))
+        cells = table.t().reshape(-1).unbind(0)
+        n = len(keys)
+        out["per_chunk"] = [dict(zip(keys, cells[k * n : (k + 1) * n])) for k in range(table.shape[1])]
+        return out
+    out = {key: v.mean() for key, v in stacked.items()}
+    out["per_chunk"] = [dict(zip(keys, vs)) for vs in zip(*(v.unbind(0) for v in vals))]
     return out
 
 

@@ -9,7 +9,13 @@ import torch
 from torch import nn
 
 from landscape.checks import check_positive
-from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
+from optimizers.perturbation import (
+    NORM_GUARD,
+    PerturbationOptimizer,
+    check_nonnegative,
+    chunk_norms,
+    global_norm,
+)
 
 __all__ = ["FisherSAM"]
 
@@ -99,5 +105,29 @@ class FisherSAM(PerturbationOptimizer):
             "grad_norm": global_norm(grads),
             "fisher_quadratic": quad,
             "eps_norm": global_norm(eps),
+            "eps_fisher_norm": fnorm,
+        }
+
+    def _perturbation_batched(self, pairs, grads):
+        """:meth:`_perturbation` of the ``m`` chunks at once (``grads[i]``: ``[m, *p.shape]``);
+        ``None`` with a ``fisher`` callable (called once per chunk, as the loop does)."""
+        if self.fisher is not None or not grads:
+            return None
+        if self.grad_scale != 1.0:
+            grads = [g / self.grad_scale for g in grads]
+        fishers = [self._diag_fisher(group, p, g) for (group, p), g in zip(pairs, grads)]
+        fg = [g / f for g, f in zip(grads, fishers)]  # F~^{-1} g, chunk by chunk
+
+        def per_chunk_sum(ts: list[torch.Tensor]) -> torch.Tensor:
+            return torch.stack([t.reshape(t.shape[0], -1).sum(1) for t in ts]).sum(0)
+
+        quad = per_chunk_sum([g * v for g, v in zip(grads, fg)])
+        inv = 1.0 / (quad.sqrt() + NORM_GUARD)
+        eps = [v * (group["rho"] * inv).view(-1, *([1] * (v.dim() - 1))) for (group, _), v in zip(pairs, fg)]
+        fnorm = per_chunk_sum([e * f * e for e, f in zip(eps, fishers)]).sqrt()
+        return eps, {
+            "grad_norm": chunk_norms(grads),
+            "fisher_quadratic": quad,
+            "eps_norm": chunk_norms(eps),
             "eps_fisher_norm": fnorm,
         }

@@ -86,12 +86,10 @@ class SAM(PerturbationOptimizer):
         scale = 1.0 / (gnorm + NORM_GUARD)
         rhos = {group["rho"] for group, _ in pairs}
         if len(rhos) == 1:  # as _perturbation: ||eps_k|| = rho ||g_k|| scale_k
-            factor = scale * rhos.pop()
-            eps = [g * factor.view(-1, *([1] * (g.dim() - 1))) for g in grads]
+            factor = scale.mul_(rhos.pop())
+            eps = torch._foreach_mul(list(grads), [_per_chunk(factor, g) for g in grads])
             return eps, {"grad_norm": gnorm, "eps_norm": gnorm * factor}
-        eps = [
-            g * (group["rho"] * scale).view(-1, *([1] * (g.dim() - 1))) for (group, _), g in zip(pairs, grads)
-        ]
+        eps = [g * _per_chunk(group["rho"] * scale, g) for (group, _), g in zip(pairs, grads)]
         return eps, {"grad_norm": gnorm, "eps_norm": chunk_norms(eps)}
 
 
@@ -234,3 +232,35 @@ class ASAM(PerturbationOptimizer):
             "eps_norm": global_norm(eps),
             "eps_scaled_norm": global_norm(eps_scaled),
         }
+
+    def _perturbation_batched(self, pairs, grads):
+        """:meth:`_perturbation` of the ``m`` chunks at once (``grads[i]``: ``[m, *p.shape]``)."""
+        scales: list[torch.Tensor | None] = []
+        tg: list[torch.Tensor] = []
+        for (group, p), g in zip(pairs, grads):
+            if self._is_scaled(p):  # T is the same for every chunk (all at w)
+                t = p.detach().abs().add_(group["eta"])
+                scales.append(t)
+                tg.append(t * g)
+            else:
+                scales.append(None)
+                tg.append(g)
+        tnorm = chunk_norms(tg)
+        inv = 1.0 / (tnorm + NORM_GUARD)
+        eps: list[torch.Tensor] = []
+        eps_scaled: list[torch.Tensor] = []
+        for (group, _), t, v in zip(pairs, scales, tg):
+            u = v * _per_chunk(group["rho"] * inv, v)
+            eps_scaled.append(u)
+            eps.append(u if t is None else t * u)
+        return eps, {
+            "grad_norm": chunk_norms(grads),
+            "scaled_grad_norm": tnorm,
+            "eps_norm": chunk_norms(eps),
+            "eps_scaled_norm": chunk_norms(eps_scaled),
+        }
+
+
+def _per_chunk(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``values [m]`` shaped to scale the chunks of ``like [m, ...]``."""
+    return values.view(-1, *([1] * (like.dim() - 1)))
