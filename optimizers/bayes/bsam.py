@@ -14,7 +14,7 @@ from torch import nn
 
 from landscape.checks import check_range
 from optimizers.batched_chunks import NotVectorisable, batched_reason, bsam_chunks
-from optimizers.bayes.bsam_split import BSAMSplitStep
+from optimizers.bayes.bsam_split import BSAMSplitStep, FlatState
 from optimizers.perturbation import accepts_chunk, bn_restore, bn_snapshot
 from optimizers.posterior import (
     DiagonalGaussianPosterior,
@@ -34,13 +34,6 @@ def _check_betas(name: str, betas: Any) -> None:
         raise ValueError(f"{name} must be two numbers in [0, 1), got {betas!r}")
     for j, b in enumerate(betas):
         check_range(f"{name}[{j}]", b, 0.0, 1.0, high_open=True)
-
-
-def _mean_of_sums(sums: list[torch.Tensor | None], params: list[torch.Tensor], m: int) -> list[torch.Tensor]:
-    """``sum / m`` per parameter (zeros where a parameter got no gradient); the sums themselves for
-    ``m = 1`` (dividing by one is exact: no copy, no extra pass over the parameters)."""
-    filled = [torch.zeros_like(p) if t is None else t for t, p in zip(sums, params)]
-    return filled if m == 1 else torch._foreach_div(filled, m)
 
 
 class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer):
@@ -69,6 +62,11 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
     the step is then deterministic.  Noise is drawn with ``self.generator`` per sub-batch,
     parameter by parameter in ``param_groups`` order,
     ``torch.randn(p.shape, generator, dtype=p.dtype, device=p.device) * (N s)^{-1/2}``.
+
+    ``state[p]``: ``s``, ``exp_avg`` (``g_m``) and ``step``; ``s`` and ``exp_avg`` are views into one
+    flat buffer per param group, dtype and device, so that each elementwise operation of a step is
+    one kernel (:class:`optimizers.bayes.bsam_split.FlatState`); a state dict holds them per
+    parameter as ``torch.optim``'s do, and one with separate tensors per parameter loads as well.
 
     Weight decay: there is none besides the prior term ``delta w`` (``prior_precision`` plays that
     role); ``damping`` (gamma) regularises ``s`` only.
@@ -185,134 +183,192 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
     def _params(self) -> list[tuple[dict[str, Any], torch.Tensor]]:
         return [(g, p) for g in self.param_groups for p in g["params"] if p.requires_grad]
 
-    def _s(self, p: torch.Tensor) -> torch.Tensor:
-        st = self.state[p]
-        if "s" not in st:
-            st["s"] = torch.full_like(p, self.s_init, memory_format=torch.preserve_format)
-            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            st["step"] = 0
-        return st["s"]
-
     def precision(self) -> dict[torch.Tensor, torch.Tensor]:
         """The precision vector ``s`` of every parameter (``s_init`` before the first step)."""
-        return {p: self._s(p).detach().clone() for _, p in self._params()}
+        fs = self._flat()
+        return {p: s.detach().clone() for p, s in zip(fs.params, fs.s_views)}
 
     def posterior_std(self) -> dict[torch.Tensor, torch.Tensor]:
         """``sqrt(1 / (N s))`` for every parameter (posterior ``N(w, diag(1/(N s)))``)."""
-        return {p: torch.rsqrt(self.num_data * self._s(p).detach()) for _, p in self._params()}
+        fs = self._flat()
+        return {p: torch.rsqrt(self.num_data * s.detach()) for p, s in zip(fs.params, fs.s_views)}
 
-    def _call(self, closure: Callable[..., Any], chunk: int | None) -> torch.Tensor:
-        for _, p in self._params():
+    def _call(
+        self, closure: Callable[..., Any], params: list[torch.Tensor], chunk: int | None
+    ) -> torch.Tensor:
+        for p in params:
             p.grad = None
         with torch.enable_grad():
             loss = closure() if chunk is None else closure(chunk)
         return check_closure_loss(loss, "BayesianSAM").detach()
 
-    def _sequential(
-        self, closure: Callable[..., Any], pairs: list, s_list: list[torch.Tensor]
-    ) -> dict[str, Any]:
+    def _sequential(self, closure: Callable[..., Any], fs: FlatState) -> dict[str, Any]:
         """The ``2 m`` closure calls one sub-batch after another; the sums the update needs.
 
-        ``g_eps_sum[i]`` / ``h_sum[i]`` are ``None`` for a parameter that got no gradient.  The
-        diagnostics (squared norms) stay 0-d tensors on the parameters' device: no host read.
+        ``g_eps`` / ``h``: flat sums per bucket; ``active``: which parameters got a gradient in some
+        pass.  The diagnostics are 0-d tensors on the parameters' device: no host read.
         """
-        params = [p for _, p in pairs]
+        params = fs.params
         chunks: list[int | None] = [None] if self.m == 1 else list(range(self.m))
-        g_eps_sum: list[torch.Tensor | None] = [None] * len(params)
-        h_sum: list[torch.Tensor | None] = [None] * len(params)
-        losses, losses_eps = [], []
-        zero = params[0].new_zeros(()) if params else torch.zeros(())
-        eps_sq = noise_sq = gnorm = zero
-        noise_std = self._noise_std(s_list) if params and self.noise else []
-        sqrt_s = torch._foreach_sqrt(s_list) if params else []
+        g_eps: list[torch.Tensor] | None = None
+        h: list[torch.Tensor] | None = None
+        active = [False] * len(params)
+        losses, losses_eps, gnorm, eps_n, noise_n = [], [], [], [], []
+        fs.save()
         for k in chunks:
-            saved = [p.detach().clone() for p in params]
             # pass 1: gradient at the noisy point w + e_k (at w without noise)
             try:
                 if params and self.noise:
-                    noise_sq = noise_sq + self._add_noise(params, noise_std)
-                losses.append(self._call(closure, k))
-            finally:
-                if params:  # no_grad: an exception may have left grad mode on while unwinding
-                    with torch.no_grad():
-                        torch._foreach_copy_(params, saved)
-            idx = [i for i, p in enumerate(params) if p.grad is not None]
-            grads = [params[i].grad for i in idx]  # fresh tensors: _call sets .grad to None first
-            # pass 2: gradient at the mean plus eps_k = rho g_k / s
+                    noise_n.append(self._add_noise(fs))
+                losses.append(self._call(closure, params, k))
+            except BaseException:
+                with torch.no_grad():  # an exception may have left grad mode on while unwinding
+                    fs.restore()
+                raise
+            grads = [p.grad for p in params]  # fresh tensors: _call sets .grad to None first
+            # pass 2: gradient at the mean plus eps_k = rho g_k / s (w + e_k is overwritten)
             snap = bn_snapshot(self.model)
             try:
-                if idx:
-                    e2, g_norm = self._ascend(pairs, s_list, idx, grads)
-                    eps_sq, gnorm = eps_sq + e2, gnorm + g_norm
-                losses_eps.append(self._call(closure, k))
+                up = self._ascend(fs, grads) if params else None
+                if up is not None:
+                    hk, e_k, g_k = up
+                    eps_n.append(e_k)
+                    gnorm.append(g_k)
+                    h = hk if h is None else [a.add_(b) for a, b in zip(h, hk)]
+                losses_eps.append(self._call(closure, params, k))
             finally:
-                if params:  # no_grad: an exception may have left grad mode on while unwinding
-                    with torch.no_grad():
-                        torch._foreach_copy_(params, saved)
+                with torch.no_grad():
+                    fs.restore()
                 bn_restore(snap)
-            for i, p in enumerate(params):
-                if p.grad is not None:
-                    g_eps_sum[i] = p.grad if g_eps_sum[i] is None else g_eps_sum[i].add_(p.grad)
-            for i, hi in zip(idx, self._curvature(sqrt_s, idx, grads)):
-                h_sum[i] = hi if h_sum[i] is None else h_sum[i].add_(hi)
+            grads2 = [p.grad for p in params]
+            if g_eps is None:  # m = 1: the scratch buffer (p.grad stays the gradient itself)
+                g_eps = [fs.gather(b, grads2, scratch=self.m == 1) for b in fs.buckets]
+            else:
+                g_eps = [a.add_(fs.gather(b, grads2, scratch=True)) for a, b in zip(g_eps, fs.buckets)]
+            active = [a or g is not None or g2 is not None for a, g, g2 in zip(active, grads, grads2)]
+        if h is None:  # no gradient in any first pass
+            h = [b.saved.new_zeros(b.saved.shape) for b in fs.buckets]
         return dict(
-            g_eps_sum=g_eps_sum,
-            h_sum=h_sum,
-            losses=losses,
-            losses_eps=losses_eps,
-            eps_sq=eps_sq,
-            noise_sq=noise_sq,
-            gnorm=gnorm,
-        )
+            g_eps=g_eps, h=h, active=active, losses=losses, losses_eps=losses_eps,
+            gnorm=gnorm, eps=eps_n, noise=noise_n,
+        )  # fmt: skip
 
-    def _update(self, pairs: list, s_list: list[torch.Tensor], g_eps_sum: list, h_sum: list) -> None:
-        """Momentum, precision and mean updates of Alg. 1, group by group with ``foreach`` ops.
-
-        A parameter with neither sum (no gradient in any pass) is left alone.
-        """
-        m, n = self.m, self.num_data
-        by_group: dict[int, list[int]] = {}
-        for i, (group, _) in enumerate(pairs):
-            if g_eps_sum[i] is not None or h_sum[i] is not None:
-                by_group.setdefault(id(group), []).append(i)
-        for idx in by_group.values():
-            group = pairs[idx[0]][0]
-            ps = [pairs[i][1] for i in idx]
-            ss = [s_list[i] for i in idx]
-            g_eps = _mean_of_sums([g_eps_sum[i] for i in idx], ps, m)
-            h = _mean_of_sums([h_sum[i] for i in idx], ps, m)
-            gms = [self.state[p]["exp_avg"] for p in ps]
-            beta1, beta2 = group["betas"]
-            delta = group["prior_precision"] / n
-            target = torch._foreach_mul(ps, delta)
-            torch._foreach_add_(target, g_eps)  # g_eps + delta w
-            torch._foreach_mul_(gms, beta1)
-            torch._foreach_add_(gms, target, alpha=1.0 - beta1)
-            h_target = torch._foreach_add(h, delta)
-            torch._foreach_add_(h_target, group["damping"])  # h + delta + damping
-            if self.s_update_order == "official":
-                torch._foreach_addcdiv_(ps, gms, ss, value=-group["lr"])
-            torch._foreach_mul_(ss, beta2)
-            torch._foreach_add_(ss, h_target, alpha=1.0 - beta2)
-            if self.s_update_order != "official":
-                torch._foreach_addcdiv_(ps, gms, ss, value=-group["lr"])
-            for p, g in zip(ps, g_eps):
-                self.state[p]["step"] += 1
-                p.grad = g  # the descent gradient actually used (readable by callers)
-
-    def _finish(self, pairs: list, s_list: list[torch.Tensor], sums: dict[str, Any]) -> torch.Tensor:
-        """The update from the sums of the passes, and ``self.last``; returns the mean loss at ``w``."""
-        self._update(pairs, s_list, sums["g_eps_sum"], sums["h_sum"])
+    def _batched(self, closure: Callable[..., Any], fs: FlatState) -> dict[str, Any]:
+        """The vectorised passes (:func:`optimizers.batched_chunks.bsam_chunks`), summed as by
+        :meth:`_sequential`."""
+        sums = bsam_chunks(self, closure, fs.pairs, fs.s_views)
+        fs.save()
+        g_eps, h = sums["g_eps_sum"], sums["h_sum"]
         m = self.m
-        loss, self.last = self._step_summary(
-            sums["losses"],
-            "s",
-            s_list,
-            std=lambda all_s: torch.rsqrt(self.num_data * all_s),
-            loss_perturbed=torch.stack(sums["losses_eps"]).mean(),
+        return dict(
+            g_eps=[fs.gather(b, g_eps) for b in fs.buckets],
+            h=[fs.gather(b, h) for b in fs.buckets],
+            active=[g is not None or hi is not None for g, hi in zip(g_eps, h)],
+            losses=sums["losses"],
+            losses_eps=sums["losses_eps"],
             grad_norm=sums["gnorm"] / m,
             eps_norm=(sums["eps_sq"] / m).sqrt(),
             noise_norm=(sums["noise_sq"] / m).sqrt(),
+        )
+
+    def _update(
+        self,
+        fs: FlatState,
+        g_eps: list[torch.Tensor],
+        h: list[torch.Tensor],
+        active: list[bool],
+        set_grads: bool,
+    ) -> None:
+        """Momentum, precision and mean updates of Alg. 1 on the flat buffers, bucket by bucket.
+
+        ``g_eps`` / ``h``: the sums over the ``m`` sub-batches per bucket (this method's to change).
+        A parameter that got no gradient in any pass (``active`` false) is left alone, its state
+        too.  ``p.grad`` becomes the descent gradient actually used (``set_grads=False``: only where
+        it is ``None``, the gradient of the last pass being that gradient already).
+        """
+        m, n = self.m, self.num_data
+        written: list[int] = []
+        for b, ge, hb in zip(fs.buckets, g_eps, h):
+            act = [active[i] for i in b.pos]
+            if not any(act):
+                continue
+            keep = [] if all(act) else [
+                (sv, sv.clone(), mv, mv.clone())
+                for a, sv, mv in zip(act, b.views(b.s), b.views(b.exp_avg)) if not a
+            ]  # fmt: skip
+            group = b.group
+            if m > 1:
+                ge.div_(m)
+                hb.div_(m)
+            beta1, beta2 = group["betas"]
+            delta = group["prior_precision"] / n
+            target = torch.mul(b.saved, delta).add_(ge)  # g_eps + delta w
+            b.exp_avg.mul_(beta1).add_(target, alpha=1.0 - beta1)
+            hb.add_(delta).add_(group["damping"])  # h + delta + damping
+            if self.s_update_order == "official":
+                torch.addcdiv(b.saved, b.exp_avg, b.s, value=-group["lr"], out=b.point)
+            b.s.mul_(beta2).add_(hb, alpha=1.0 - beta2)
+            if self.s_update_order != "official":
+                torch.addcdiv(b.saved, b.exp_avg, b.s, value=-group["lr"], out=b.point)
+            for sv, s_old, mv, m_old in keep:
+                sv.copy_(s_old)
+                mv.copy_(m_old)
+            grads = b.views(ge) if set_grads or not all(p.grad is not None for p in b.params) else None
+            for j, (i, p) in enumerate(zip(b.pos, b.params)):
+                if act[j]:
+                    written.append(i)
+                    self.state[p]["step"] += 1
+                    if grads is not None and (set_grads or p.grad is None):
+                        p.grad = grads[j]
+        fs.write(None if len(written) == len(fs.params) else written)
+
+    def _finish(
+        self,
+        fs: FlatState,
+        losses: list[torch.Tensor],
+        losses_eps: list[torch.Tensor],
+        gnorm: list[torch.Tensor] | torch.Tensor,
+        eps: list[torch.Tensor] | torch.Tensor,
+        noise: list[torch.Tensor] | torch.Tensor,
+    ) -> torch.Tensor:
+        """``self.last`` after the update; returns the mean loss at ``w``.  ``gnorm``, ``eps``,
+        ``noise``: the per-pass norms (the means over sub-batches of ``||g||``, and the root mean
+        squares of ``||eps||``, ``||e||``, are taken here), or these means already."""
+        m = self.m
+        zero = fs.params[0].new_zeros(()) if fs.params else torch.zeros(())
+
+        def mean(xs: list[torch.Tensor]) -> torch.Tensor:
+            return xs[0] if len(xs) == 1 else torch.stack(xs).mean()
+
+        def rms(xs: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+            if isinstance(xs, torch.Tensor):
+                return xs
+            if m == 1 and len(xs) == 1:
+                return xs[0]
+            return (torch.stack(xs).square().sum() / m).sqrt() if xs else zero
+
+        if isinstance(gnorm, list):  # the mean over sub-batches (dividing by one is exact: skipped)
+            total = (gnorm[0] if len(gnorm) == 1 else torch.stack(gnorm).sum()) if gnorm else zero
+            gnorm = total if m == 1 else total / m
+        if not fs.buckets:
+            s = torch.ones(1)
+            std = torch.rsqrt(self.num_data * s)
+        elif len(fs.buckets) == 1:
+            s, std = fs.buckets[0].s, self._noise_std(fs)[0]  # std: also the next step's noise scale
+        else:
+            s, std = torch.cat([b.s for b in fs.buckets]), torch.cat(self._noise_std(fs))
+        s_min, s_max = torch.aminmax(s)
+        loss = mean(losses)
+        self.last = dict(  # 0-d tensors on the parameters' device: read (float()) only when needed
+            loss=loss,
+            loss_perturbed=mean(losses_eps),
+            grad_norm=gnorm,
+            eps_norm=rms(eps),
+            noise_norm=rms(noise),
+            s_min=s_min,
+            s_mean=s.mean(),
+            s_max=s_max,
+            posterior_std_mean=std.mean(),
         )
         return loss
 
@@ -338,20 +394,23 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
                 "`def closure(chunk=None)`, and compute the loss on sub-batch `chunk` "
                 "(see optimizers.perturbation.make_closure)"
             )
-        pairs = self._params()
-        params = [p for _, p in pairs]
-        s_list = [self._s(p) for p in params]
+        fs = self._flat()
         mode = batched_reason(self, closure) if self.m > 1 else ""
         sums = None
         if mode == "batched":
             try:
-                sums = bsam_chunks(self, closure, pairs, s_list)
+                sums = self._batched(closure, fs)
             except NotVectorisable as exc:
                 self._batched_failed[id(closure.model)] = str(exc)
                 mode = f"sequential: {exc}"
         if sums is None:
-            sums = self._sequential(closure, pairs, s_list)
-        loss = self._finish(pairs, s_list, sums)
+            sums = self._sequential(closure, fs)
+        self._update(fs, sums["g_eps"], sums["h"], sums["active"], set_grads=self.m > 1)
+        if "grad_norm" in sums:
+            norms = (sums["grad_norm"], sums["eps_norm"], sums["noise_norm"])
+        else:
+            norms = (sums["gnorm"], sums["eps"], sums["noise"])
+        loss = self._finish(fs, sums["losses"], sums["losses_eps"], *norms)
         if mode:
             self.last["m_sharpness"] = self.config["m_sharpness"] = mode
         return loss

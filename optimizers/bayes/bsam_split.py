@@ -1,4 +1,15 @@
-"""bSAM in parts: ``noise_step`` / ``first_step`` / ``second_step`` around the caller's own passes.
+"""bSAM's flat state, the pieces of its step and the split-step API.
+
+:class:`FlatState` keeps the precision ``s`` and the momentum ``g_m`` of :class:`optimizers.BayesianSAM`
+in one flat buffer each per param group, dtype and device; ``state[p]["s"]`` / ``["exp_avg"]`` are
+views into them, so ``state_dict()`` stays per parameter as in ``torch.optim``.  An elementwise
+update is then one kernel per buffer instead of one per parameter tensor (``torch._foreach_*`` runs
+a loop of kernels on a CPU), which is what a launch-bound step costs; the weights are saved, set
+and restored with one ``_foreach_copy_`` each.  The arithmetic is the per-tensor one, element by
+element, in the same order (``tests/test_bsam_flat_state.py``); only the diagnostics' norms are
+summed in another order.  The price is memory: besides ``s`` and ``g_m``, three scratch buffers
+(the saved weights, the perturbed weights, a pass's gradients) and ``1/sqrt(N s)``, ``sqrt(s)``
+(computed once per value of ``s``) are kept between steps, five parameter-sized buffers more.
 
 The split-step interface of the SAM family (:mod:`optimizers.split_step`) for
 :class:`optimizers.BayesianSAM`, whose first gradient is taken at the noisy point ``w + e``
@@ -17,13 +28,14 @@ so ``last["loss"]`` and ``last["loss_perturbed"]`` are NaN after a split step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from optimizers.bn_state import bn_restore, bn_snapshot
 
-__all__ = ["BSAMSplitStep", "sum_sq"]
+__all__ = ["BSAMSplitStep", "FlatState", "sum_sq"]
 
 
 def sum_sq(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -31,56 +43,202 @@ def sum_sq(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(torch._foreach_norm(tensors)).square().sum()
 
 
+def _norm(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The norm of a vector from the norms of its parts (the part's own norm for one part)."""
+    return parts[0] if len(parts) == 1 else torch.stack(parts).square().sum().sqrt()
+
+
+class _Bucket:
+    """The parameters of one param group with one dtype and device, and their flat buffers."""
+
+    def __init__(self, group: dict[str, Any], pos: list[int], params: list[torch.Tensor]) -> None:
+        self.group, self.pos, self.params = group, pos, params
+        self.numels = [p.numel() for p in params]
+        self.shapes = [p.shape for p in params]
+        n, p0 = sum(self.numels), params[0]
+        self.s, self.exp_avg, self.saved, self.point, self.grad = (
+            torch.empty(n, dtype=p0.dtype, device=p0.device) for _ in range(5)
+        )
+        self.grad_views = self.views(self.grad)
+        self._derived: dict[str, tuple[int, torch.Tensor]] = {}
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        return [t.view(shape) for t, shape in zip(flat.split(self.numels), self.shapes)]
+
+    def derived(self, key: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``fn(s)``, computed once per value of ``s`` (its version counter, which every in-place
+        change of ``s`` or of a view of it advances); read-only for the caller."""
+        hit = self._derived.get(key)
+        if hit is None or hit[0] != self.s._version:
+            hit = self._derived[key] = (self.s._version, fn(self.s))
+        return hit[1]
+
+
+class FlatState:
+    """bSAM's state of the parameters ``pairs`` (``(group, p)``) in flat buffers (see the module).
+
+    Per bucket: ``s`` and ``exp_avg`` (the state; ``state[p]`` holds views), ``saved`` (``w`` at the
+    start of the step), ``point`` (scratch: ``w + e``, ``w + eps``, the new ``w``) and ``grad``
+    (scratch: a pass's gradients).  The ``*_views`` lists are in ``pairs`` order.  State already in
+    ``state[p]`` (a loaded state dict, an earlier ``FlatState``) is copied in; a parameter without
+    state gets ``s = s_init``, ``exp_avg = 0``, ``step = 0``.
+    """
+
+    def __init__(self, pairs: list, state: Any, s_init: float) -> None:
+        self.pairs = pairs
+        self.params = [p for _, p in pairs]
+        where: dict[tuple, list[int]] = {}
+        for i, (group, p) in enumerate(pairs):
+            where.setdefault((id(group), p.dtype, p.device), []).append(i)
+        self.buckets = [_Bucket(pairs[ix[0]][0], ix, [self.params[i] for i in ix]) for ix in where.values()]
+        n = len(pairs)
+        self.s_views: list[Any] = [None] * n
+        self.m_views: list[Any] = [None] * n
+        self.saved_views: list[Any] = [None] * n
+        self.point_views: list[Any] = [None] * n
+        for b in self.buckets:
+            for name, flat in (("s", b.s), ("m", b.exp_avg), ("saved", b.saved), ("point", b.point)):
+                out = getattr(self, f"{name}_views")
+                for i, v in zip(b.pos, b.views(flat)):
+                    out[i] = v
+        with torch.no_grad():
+            for p, sv, mv in zip(self.params, self.s_views, self.m_views):
+                st = state[p]
+                for key, view, fill in (("s", sv, s_init), ("exp_avg", mv, 0.0)):
+                    old = st.get(key)
+                    if old is None:
+                        view.fill_(fill)
+                    elif not isinstance(old, torch.Tensor) or old.shape != p.shape:
+                        got = tuple(old.shape) if isinstance(old, torch.Tensor) else type(old).__name__
+                        raise ValueError(
+                            f"BayesianSAM: state[{key!r}] of a parameter of shape {tuple(p.shape)} has "
+                            f"shape {got}; the state was saved for another model"
+                        )
+                    else:
+                        view.copy_(old)
+                st["s"], st["exp_avg"] = sv, mv
+                st.setdefault("step", 0)
+
+    def valid(self, pairs: list, state: Any) -> bool:
+        """Are ``pairs`` the same parameters in the same groups, ``state[p]`` still the views?"""
+        if len(pairs) != len(self.pairs):
+            return False
+        for (g, p), (g0, p0), sv, mv in zip(pairs, self.pairs, self.s_views, self.m_views):
+            st = state.get(p)
+            if (
+                p is not p0
+                or g is not g0
+                or st is None
+                or st.get("s") is not sv
+                or st.get("exp_avg") is not mv
+            ):
+                return False
+        return True
+
+    def save(self) -> None:
+        """``saved <- w``."""
+        if self.params:
+            torch._foreach_copy_(self.saved_views, self.params)
+
+    def restore(self) -> None:
+        """``w <- saved``."""
+        if self.params:
+            torch._foreach_copy_(self.params, self.saved_views)
+
+    def write(self, only: list[int] | None = None) -> None:
+        """``w <- point`` (for the parameters ``only``, by position, if given)."""
+        if only is None:
+            if self.params:
+                torch._foreach_copy_(self.params, self.point_views)
+        elif only:
+            torch._foreach_copy_([self.params[i] for i in only], [self.point_views[i] for i in only])
+
+    @staticmethod
+    def gather(b: _Bucket, tensors: list[torch.Tensor | None], scratch: bool = False) -> torch.Tensor:
+        """The bucket's entries of ``tensors`` (``pairs`` order; ``None``: zeros) as one flat tensor:
+        ``b.grad`` with ``scratch=True`` where all are there (valid until the next gather), else new."""
+        if scratch:
+            own = [tensors[i] for i in b.pos]
+            if all(t is not None for t in own):
+                torch._foreach_copy_(b.grad_views, own)
+                return b.grad
+        parts = [
+            b.saved.new_zeros(n) if tensors[i] is None else tensors[i].reshape(-1)  # type: ignore[union-attr]
+            for i, n in zip(b.pos, b.numels)
+        ]
+        return torch.cat(parts)
+
+
 class BSAMSplitStep:
     """Mixin of :class:`optimizers.BayesianSAM`: the pieces of a step and the split-step API."""
 
     _split: dict[str, Any] | None = None
+    _flat_state: FlatState | None = None
 
-    # ---- the pieces, shared with the closure step ----------------------------------------------
-    def _noise_std(self, s_list: list[torch.Tensor]) -> list[torch.Tensor]:
-        """``1 / sqrt(N s)`` per parameter."""
-        return torch._foreach_rsqrt(torch._foreach_mul(s_list, float(self.num_data)))
+    # ---- the flat state and the pieces, shared with the closure step ---------------------------
+    def _flat(self) -> FlatState:
+        """The :class:`FlatState` of the current trainable parameters (rebuilt when the parameters,
+        their groups or ``state[p]``'s tensors changed, e.g. after ``load_state_dict``)."""
+        pairs = self._params()
+        fs = self._flat_state
+        if fs is None or not fs.valid(pairs, self.state):
+            fs = self._flat_state = FlatState(pairs, self.state, self.s_init)
+        return fs
 
-    def _add_noise(self, params: list[torch.Tensor], std: list[torch.Tensor]) -> torch.Tensor:
-        """``w <- w + e`` with ``e = std * z``, ``z`` drawn parameter by parameter from the
-        optimizer's generator; returns ``||e||^2``."""
-        e = [torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device) for p in params]
-        torch._foreach_mul_(e, std)
-        torch._foreach_add_(params, e)
-        return sum_sq(e)
+    def _noise_std(self, fs: FlatState) -> list[torch.Tensor]:
+        """``1 / sqrt(N s)`` per bucket (read-only)."""
+        n = float(self.num_data)
+        return [b.derived("std", lambda s: torch.mul(s, n).rsqrt_()) for b in fs.buckets]
 
-    def _ascend(
-        self, pairs: list, s_list: list[torch.Tensor], idx: list[int], grads: list[torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``w <- w + eps`` with ``eps = rho g / s`` for the parameters ``idx``; ``(||eps||^2, ||g||)``."""
-        eps = torch._foreach_mul(grads, [pairs[i][0]["rho"] for i in idx])
-        torch._foreach_div_(eps, [s_list[i] for i in idx])
-        torch._foreach_add_([pairs[i][1] for i in idx], eps)
-        return sum_sq(eps), sum_sq(grads).sqrt()
+    def _add_noise(self, fs: FlatState) -> torch.Tensor:
+        """``w <- saved + e`` with ``e = z / sqrt(N s)``, ``z`` drawn parameter by parameter
+        (``param_groups`` order, as ``torch.randn(p.shape, ...)`` would) from the optimizer's
+        generator; returns ``||e||``."""
+        for v in fs.point_views:
+            v.normal_(generator=self.generator)
+        norms = []
+        for b, sd in zip(fs.buckets, self._noise_std(fs)):
+            norms.append(torch.linalg.vector_norm(b.point.mul_(sd)))
+            b.point.add_(b.saved)
+        fs.write()
+        return _norm(norms)
 
-    @staticmethod
-    def _curvature(
-        sqrt_s: list[torch.Tensor], idx: list[int], grads: list[torch.Tensor]
-    ) -> list[torch.Tensor]:
-        """``h = sqrt(s) |g|`` for the parameters ``idx``."""
-        if not idx:
-            return []
-        return torch._foreach_mul([sqrt_s[i] for i in idx], torch._foreach_abs(grads))
+    def _ascend(self, fs: FlatState, grads: list[torch.Tensor | None]) -> tuple | None:
+        """``w <- saved + eps``, ``eps = rho g / s``, where a gradient was computed (``saved``
+        elsewhere); ``(h = sqrt(s) |g| per bucket, ||eps||, ||g||)``, or ``None`` (and
+        ``w <- saved``) without any gradient."""
+        have = [g is not None for g in grads]
+        if not any(have):
+            fs.restore()
+            return None
+        hs, eps_n, g_n = [], [], []
+        for b in fs.buckets:
+            g = fs.gather(b, grads, scratch=True)
+            eps = torch.mul(g, b.group["rho"], out=b.point).div_(b.s)
+            eps_n.append(torch.linalg.vector_norm(eps))
+            g_n.append(torch.linalg.vector_norm(g))
+            b.point.add_(b.saved)
+            hs.append(g.abs().mul_(b.derived("sqrt", torch.sqrt)))
+        if all(have):
+            fs.write()
+        else:
+            fs.restore()
+            fs.write([i for i, h in enumerate(have) if h])
+        return hs, _norm(eps_n), _norm(g_n)
 
     # ---- the split-step API ----------------------------------------------------------------------
-    def _split_start(self, name: str) -> tuple[list, list[torch.Tensor], list[torch.Tensor]]:
+    def _split_start(self, name: str) -> FlatState:
         if self.m != 1:
             raise ValueError(
                 f"BayesianSAM.{name}: the split step takes one perturbation per step; with m={self.m} "
                 "use step(closure) with closure(chunk)"
             )
-        pairs = self._params()
-        return pairs, [p for _, p in pairs], [self._s(p) for _, p in pairs]
+        return self._flat()
 
     @torch.no_grad()
     def noise_step(self) -> None:
         """``w <- w + e``, ``e ~ N(0, 1 / (N s))``: before the first forward pass of a split step."""
-        pairs, params, s_list = self._split_start("noise_step")
+        fs = self._split_start("noise_step")
         if self._split is not None:
             raise RuntimeError(
                 "BayesianSAM.noise_step: a step is already under way; finish it with second_step()"
@@ -89,16 +247,15 @@ class BSAMSplitStep:
             raise RuntimeError(
                 "BayesianSAM.noise_step: this optimizer was built with noise=False; call first_step()"
             )
-        saved = [p.detach().clone() for p in params]
-        zero = params[0].new_zeros(()) if params else torch.zeros(())
-        noise_sq = zero + self._add_noise(params, self._noise_std(s_list)) if params else zero
-        self._split = {"stage": "noise", "saved": saved, "noise_sq": noise_sq}
+        fs.save()
+        noise = [self._add_noise(fs)] if fs.params else []
+        self._split = {"stage": "noise", "fs": fs, "noise": noise}
 
     @torch.no_grad()
     def first_step(self, zero_grad: bool = False) -> None:
         """From the gradients in ``p.grad`` (at ``w + e``, or ``w`` without noise): ``w`` restored,
         then ``w <- w + rho g / s``; ``zero_grad=True`` clears the gradients for the next pass."""
-        pairs, params, s_list = self._split_start("first_step")
+        fs = self._split_start("first_step")
         state = self._split
         if self.noise and (state is None or state["stage"] != "noise"):
             raise RuntimeError(
@@ -107,30 +264,31 @@ class BSAMSplitStep:
             )
         if state is not None and state["stage"] != "noise":
             raise RuntimeError("BayesianSAM.first_step called twice; finish the step with second_step()")
-        zero = params[0].new_zeros(()) if params else torch.zeros(())
         if state is None:
-            saved, noise_sq = [p.detach().clone() for p in params], zero
+            fs.save()
+            noise: list[torch.Tensor] = []
         else:
-            saved, noise_sq = state["saved"], state["noise_sq"]
-            if params:
-                torch._foreach_copy_(params, saved)
-        idx = [i for i, p in enumerate(params) if p.grad is not None]
-        if not idx:
+            noise = state["noise"]
+            if state["fs"] is not fs:  # the state was rebuilt since noise_step (a loaded state dict)
+                state["fs"].restore()
+                fs.save()
+        grads = [p.grad for p in fs.params]
+        if all(g is None for g in grads):
+            if state is not None:
+                fs.restore()
             self._split = None
             raise RuntimeError("BayesianSAM.first_step needs the gradients: call loss.backward() before it")
-        grads = [params[i].grad for i in idx]
         snap = bn_snapshot(self.model)
-        e2, g_norm = self._ascend(pairs, s_list, idx, grads)
-        h = self._curvature(torch._foreach_sqrt(s_list), idx, grads)
+        h, eps_n, g_n = self._ascend(fs, grads)  # type: ignore[misc]
         self._split = dict(
             stage="ascent",
-            saved=saved,
+            fs=fs,
             snap=snap,
-            idx=idx,
+            got=[g is not None for g in grads],
             h=h,
-            noise_sq=noise_sq,
-            eps_sq=zero + e2,
-            gnorm=zero + g_norm,
+            noise=noise,
+            eps=[eps_n],
+            gnorm=[g_n],
         )
         self.perturbed = True
         if zero_grad:
@@ -141,25 +299,25 @@ class BSAMSplitStep:
         if state is None or state["stage"] == "noise" and name == "second_step":
             raise RuntimeError(f"BayesianSAM.{name} without first_step(): call first_step() first")
         self._split, self.perturbed = None, False
-        params = [p for _, p in self._params()]
-        if params:
-            torch._foreach_copy_(params, state["saved"])
+        state["fs"].restore()
         bn_restore(state.get("snap", []))
         return state
 
     @torch.no_grad()
     def second_step(self, zero_grad: bool = False) -> None:
         """``w`` restored, then Alg. 1's update from the gradients in ``p.grad`` (at ``w + eps``)."""
-        pairs, params, s_list = self._split_start("second_step")
+        fs = self._split_start("second_step")
         state = self._split_restore("second_step")
-        g_eps_sum = [p.grad for p in params]
-        h_sum: list[torch.Tensor | None] = [None] * len(params)
-        for i, hi in zip(state["idx"], state["h"]):
-            h_sum[i] = hi
-        nan = params[0].new_full((), float("nan")) if params else torch.tensor(float("nan"))
-        sums = dict(g_eps_sum=g_eps_sum, h_sum=h_sum, losses=[nan], losses_eps=[nan])
-        sums.update({k: state[k] for k in ("eps_sq", "noise_sq", "gnorm")})
-        self._finish(pairs, s_list, sums)
+        if state["fs"] is not fs:  # rebuilt since first_step: its h no longer lines up with fs
+            raise RuntimeError(
+                "BayesianSAM.second_step: the optimizer's parameters or state changed since first_step()"
+            )
+        grads = [p.grad for p in fs.params]
+        g_eps = [fs.gather(b, grads, scratch=True) for b in fs.buckets]
+        active = [a or g is not None for a, g in zip(state["got"], grads)]
+        self._update(fs, g_eps, state["h"], active, set_grads=False)
+        nan = fs.params[0].new_full((), float("nan")) if fs.params else torch.tensor(float("nan"))
+        self._finish(fs, [nan], [nan], state["gnorm"], state["eps"], state["noise"])
         if zero_grad:
             self.zero_grad()
 
