@@ -228,3 +228,22 @@ class ClosureFactory:
             "create_graph": self.create_graph,
         }
         return next((why for why, on in reasons.items() if on), None)
+
+
+def check_sub_batches(m: int, n: int, batch_size: int, drop_last: bool, method: str) -> None:
+    """m-sharpness splits every batch into ``m`` sub-batches: each needs an example (an empty one has
+    a NaN mean loss, which the divergence check would report as the method diverging)."""
+    if m <= 1:
+        return
+    if batch_size < m:
+        raise ConfigError(
+            f"method {method!r} splits each batch into m = {m} sub-batches, but train.batch_size = "
+            f"{batch_size} leaves some of them empty; use a batch size of at least {m} or a smaller m"
+        )
+    rest = n % batch_size
+    if not drop_last and 0 < rest < m:
+        raise ConfigError(
+            f"the last batch of each epoch has {rest} examples ({n} training examples, batch size "
+            f"{batch_size}), fewer than the m = {m} sub-batches of method {method!r}; set "
+            "train.drop_last = true, or a batch size that leaves at least m examples in the last batch"
+        )

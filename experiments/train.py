@@ -48,7 +48,7 @@ from torch import nn
 from experiments import divergence as dv
 from experiments.amp import LossScaler, SkipStep, param_dtype
 from experiments.checkpoint import load_checkpoint, save_checkpoint
-from experiments.closures import ClosureFactory
+from experiments.closures import ClosureFactory, check_sub_batches
 from experiments.config import ConfigError, apply_budget
 from experiments.data import RunData, data_fingerprints, prepare_data
 from experiments.logs import EpochLogger
@@ -180,6 +180,7 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch,
         )
         self.inner = inner_optimizer(self.opt)
+        check_sub_batches(int(getattr(self.inner, "m", 1)), self.n, bs, t["drop_last"], self.method["name"])
         if t["schedule"] == "none":  # the optimizer sets its own learning rate (e.g. F-SGLD's official one)
             self.scheduler: Any = NoSchedule()
         else:

@@ -162,3 +162,27 @@ def test_readme_training_table_is_the_committed_json():
         for method, variant in (("SGD", "compiled"), ("SAM", "m=1 compiled"), ("bSAM", "m=1 compiled"))
     )
     assert f"(`x_eager` in the JSON: {eager})" in readme
+
+
+def test_cifar_like_files_are_what_the_cifar10_loader_reads(tmp_path):
+    """``benchmarks/make_cifar_like.py`` writes the real python-version pickle format: the loader
+    returns exactly the written pixels and labels, train (five batches) and test."""
+    import pickle
+
+    import numpy as np
+
+    from benchmarks.make_cifar_like import main
+    from landscape.data import load_cifar10
+
+    assert main([str(tmp_path), "--per-batch", "3", "--seed", "1"]) == 0
+    batches = []
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(tmp_path / name, "rb") as fh:
+            batches.append(pickle.load(fh))
+    x, y = load_cifar10(tmp_path, "train", normalize=False, dtype=torch.float64)
+    pixels = np.concatenate([b[b"data"] for b in batches[:5]]).reshape(15, 3, 32, 32) / 255.0
+    assert torch.equal(x, torch.as_tensor(pixels))
+    assert y.tolist() == sum((b[b"labels"] for b in batches[:5]), [])
+    xt, yt = load_cifar10(tmp_path, "test", normalize=False, dtype=torch.float64)
+    assert xt.shape == (3, 3, 32, 32) and yt.tolist() == batches[5][b"labels"]
+    assert main([str(tmp_path / "bad"), "--per-batch", "0"]) == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -27,7 +28,18 @@ def one_thread():
     torch.set_num_threads(old)
 
 
-def _run(out, *, every, optimizer="sgd", lr=0.1, act="tanh", precision="float64", monkeypatch, **train):
+def _run(
+    out,
+    *,
+    every,
+    optimizer="sgd",
+    lr=0.1,
+    act="tanh",
+    precision="float64",
+    monkeypatch,
+    overrides=None,
+    **train,
+):
     monkeypatch.setattr(dv, "READ_EVERY", every)
     raw = {
         "name": "step",
@@ -42,6 +54,7 @@ def _run(out, *, every, optimizer="sgd", lr=0.1, act="tanh", precision="float64"
         "train": {"epochs": 2, "batch_size": 64, "lr": lr, "schedule": "cosine", **train},
         "methods": [{"name": optimizer, "optimizer": optimizer}],
         "evaluation": {"sharpness": [], "every": 1, "metrics": ["accuracy", "nll"]},
+        **(overrides or {}),
     }
     (run,) = plan_runs(resolve_config(raw))
     run_one(run, device=CPU, ctx=DistContext())
@@ -143,3 +156,26 @@ def test_step_losses_skip_gaps_and_pending_match_per_step_feeding():
     for s, v in enumerate([torch.tensor([1.5]), torch.tensor(2.5, dtype=torch.float64), 3.5]):
         mixed.add(v, s + 1, 2)
     assert mixed.read(None, 1) is None and mixed.mean() == 2.5
+
+
+@pytest.mark.parametrize(
+    "train, problem",
+    [
+        ({"batch_size": 4}, "train.batch_size = 4 leaves some of them empty"),
+        ({"batch_size": 287}, "the last batch of each epoch has 3 examples (1438 training examples"),
+    ],
+)
+def test_sub_batches_without_examples_are_a_config_error(tmp_path, monkeypatch, train, problem):
+    """m-sharpness with fewer examples than sub-batches (the whole batch, or the epoch's last one)
+    would give an empty sub-batch, a NaN loss and a spurious divergence: refused up front."""
+    from experiments.config import ConfigError
+
+    hyper = {"methods": [{"name": "sam", "optimizer": "sam", "hyperparameters": {"m": 8}}]}
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        _run(tmp_path / "a", every=None, monkeypatch=monkeypatch, overrides=hyper, **train)
+    # the epoch's last batch dropped: 5 full batches of 287, every sub-batch has 35 or 36 examples
+    res, history, _ = _run(
+        tmp_path / "b", every=None, monkeypatch=monkeypatch, overrides=hyper, batch_size=287, drop_last=True
+    )
+    assert res["status"] == "completed" and history[-1]["step"] == 10
+    assert all(math.isfinite(r["train_loss"]) for r in history)
