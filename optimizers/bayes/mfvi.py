@@ -61,9 +61,10 @@ class MFVI(DiagonalGaussianPosterior, torch.optim.Optimizer):
     to the deterministic network, as in Blundell et al.'s ``rho`` initialisation and the paper's
     "initialise Sigma small").
 
-    ``self.last`` holds, after each step: ``loss``, ``kl`` (``KL(q||p)`` summed over all
-    parameters), ``kl_per_datum`` (``kl / N``), ``std_min/mean/max``, ``noise_norm``
-    (``||sigma * z||``), ``seed``.
+    ``self.last`` holds, after each step (0-d tensors on the parameters' device, read with
+    ``float()`` only when needed: the step reads nothing back from the device): ``loss``, ``kl``
+    (``KL(q||p)`` summed over all parameters, float64), ``kl_per_datum`` (``kl / N``),
+    ``std_min/mean/max``, ``noise_norm`` (``||sigma * z||``, float64), ``seed`` (an int).
     """
 
     def __init__(
@@ -155,14 +156,20 @@ class MFVI(DiagonalGaussianPosterior, torch.optim.Optimizer):
 
     def kl_divergence(self) -> float:
         """``KL(N(mu, sigma^2) || N(0, prior_std^2))`` summed over all parameters (closed form)."""
+        return float(self._kl())
+
+    def _kl(self) -> torch.Tensor:
+        """:meth:`kl_divergence` as a 0-d float64 tensor on the parameters' device (no host read)."""
         s0 = self.prior_std
-        total = 0.0
+        terms = []
         for p, r in self._raw.items():
             sig = self._std_from_raw(r.detach())
             mu = p.detach()
             kl = torch.log(s0 / sig) + (sig**2 + mu**2) / (2 * s0**2) - 0.5
-            total += float(kl.sum())
-        return total
+            terms.append(kl.sum().to(torch.float64))
+        if not terms:
+            return torch.zeros((), dtype=torch.float64)
+        return torch.stack(terms).sum()
 
     # ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -189,7 +196,7 @@ class MFVI(DiagonalGaussianPosterior, torch.optim.Optimizer):
             for p, old in zip(means, saved):
                 p.copy_(old)
         n, s0sq, kw = self.num_data, self.prior_std**2, self.kl_weight
-        noise_sq = 0.0
+        noise_sq = []
         for p in means:
             r, z, sig = self._raw[p], zs[p], stds[p]
             g = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -197,20 +204,22 @@ class MFVI(DiagonalGaussianPosterior, torch.optim.Optimizer):
             grad_sigma = g * z + kw * (sig / s0sq - 1.0 / sig) / n
             p.grad = grad_mu.detach()
             r.grad = (grad_sigma * self._dstd_draw(r)).detach()
-            noise_sq += float(((sig * z) ** 2).sum())
+            noise_sq.append(((sig * z) ** 2).sum().to(torch.float64))
         self.base_optimizer.step()
         all_std = (
             torch.cat([s.reshape(-1) for s in self.posterior_std().values()]) if means else torch.zeros(1)
         )
-        kl = self.kl_divergence()
-        self.last = dict(
-            loss=float(loss.detach()),
+        kl = self._kl()
+        self.last = dict(  # 0-d tensors on the parameters' device: read (float()) only when needed
+            loss=loss.detach(),
             kl=kl,
             kl_per_datum=kl / n,
-            std_min=float(all_std.min()),
-            std_mean=float(all_std.mean()),
-            std_max=float(all_std.max()),
-            noise_norm=math.sqrt(noise_sq),
+            std_min=all_std.min(),
+            std_mean=all_std.mean(),
+            std_max=all_std.max(),
+            noise_norm=torch.stack(noise_sq).sum().sqrt()
+            if noise_sq
+            else torch.zeros((), dtype=torch.float64),
             seed=self.seed,
         )
         return loss
