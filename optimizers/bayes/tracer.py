@@ -80,7 +80,10 @@ anything (parameters, ``f_bar``, the base optimizer's state) changes.
 (``||H v||``), ``correction_norm`` (``||2 rho H v||``, before any bound), ``correction_ratio``
 (``||2 rho H v|| / ||g||``), ``correction_scale`` (the bound's factor, 1 when it does not act),
 ``fbar_min/mean/max``, ``fbar_above_delta`` (fraction of coordinates with ``f_bar > delta`` after
-the update), ``hvp``, ``fd_h``.
+the update), ``hvp``, ``fd_h``.  The ``f_bar`` statistics are 0-d tensors on the parameters' device
+(read with ``float()`` when needed); the numbers the step decides on (finiteness, norms, penalty)
+come back to the host in one transfer per step, the only synchronisation of an exact-HVP step on a
+GPU (the finite-difference step reads ``||v||`` and ``||w||`` for its step size too).
 """
 
 from __future__ import annotations
@@ -204,8 +207,7 @@ class TracerBase(torch.optim.Optimizer):
                 "hvp='finite_difference' with a plain closure"
             )
         group_of = {p: g for g in self.param_groups for p in g["params"]}
-        vs, gds, fbars, created = [], [], [], []
-        penalty = 0.0
+        vs, gds, fbars, created, penalty_terms = [], [], [], [], []
         for p, gr in zip(params, grads):
             group = group_of[p]
             state = self.state[p]
@@ -218,7 +220,7 @@ class TracerBase(torch.optim.Optimizer):
             vs.append(gd / denom)
             gds.append(gd)
             fbars.append(fb)
-            penalty += group["rho"] * float((gd.square() / denom).sum())
+            penalty_terms.append((gd.square() / denom).sum())
         fd_h = None
         try:
             if self.hvp == "exact":
@@ -233,9 +235,24 @@ class TracerBase(torch.optim.Optimizer):
                     p.grad = p.grad.detach()
         corrs = [2.0 * group_of[p]["rho"] * hv for p, hv in zip(params, hvs)]
         with torch.no_grad():
-            finite = math.isfinite(float(loss.detach())) and all(
-                bool(torch.isfinite(gd).all()) and bool(torch.isfinite(c).all()) for gd, c in zip(gds, corrs)
+            # what the host decides on (finiteness, the correction bound, the warning), read back in
+            # one transfer: one synchronisation per step on a GPU instead of one per number
+            k = len(params)
+            sums = [t.square().sum() for t in (*hvs, *corrs, *gds)]
+            flags = [torch.isfinite(t).all() for t in (*gds, *corrs)]
+            dev = loss.device
+            host = torch.stack(
+                [
+                    t.to(device=dev, dtype=torch.float64)
+                    for t in (loss.detach(), *penalty_terms, *sums, *flags)
+                ]
             )
+            values = host.tolist()
+        loss_value, pen, hv2, c2, g2, ok = (
+            values[0], values[1 : 1 + k], values[1 + k : 1 + 2 * k], values[1 + 2 * k : 1 + 3 * k],
+            values[1 + 3 * k : 1 + 4 * k], values[1 + 4 * k :],
+        )  # fmt: skip
+        finite = math.isfinite(loss_value) and all(f == 1.0 for f in ok)
         if not finite:  # leave parameters, f_bar and the base optimizer's state as they were
             for p, gd in zip(params, gds):
                 p.grad = gd
@@ -246,14 +263,15 @@ class TracerBase(torch.optim.Optimizer):
             n_g = sum(int((~torch.isfinite(gd)).sum()) for gd in gds)
             n_c = sum(int((~torch.isfinite(c)).sum()) for c in corrs)
             raise FloatingPointError(
-                f"{type(self).__name__}: non-finite step (loss {float(loss.detach())}, {n_g} non-finite "
+                f"{type(self).__name__}: non-finite step (loss {loss_value}, {n_g} non-finite "
                 f"gradient entries, {n_c} non-finite entries of the correction 2 rho H v); the parameters, "
                 "f_bar and the base optimizer's state were left unchanged. Lower the learning rate or rho, "
                 "raise delta, or bound the correction with max_correction_ratio=1"
             )
-        hv_sq = sum(float(hv.square().sum()) for hv in hvs)
-        corr_sq = sum(float(c.square().sum()) for c in corrs)
-        g_sq = sum(float(gd.square().sum()) for gd in gds)
+        penalty = 0.0
+        for p, term in zip(params, pen):
+            penalty += group_of[p]["rho"] * term
+        hv_sq, corr_sq, g_sq = sum(hv2), sum(c2), sum(g2)
         grad_norm, corr_norm = math.sqrt(g_sq), math.sqrt(corr_sq)
         ratio = corr_norm / grad_norm if grad_norm > 0 else (math.inf if corr_norm > 0 else 0.0)
         scale = 1.0
@@ -275,29 +293,29 @@ class TracerBase(torch.optim.Optimizer):
                 RuntimeWarning,
                 stacklevel=3,  # step() is wrapped by torch.optim's hooks: point at the caller
             )
-        above = 0
+        above = []
         with torch.no_grad():
             for p, gd, corr, fb in zip(params, gds, corrs, fbars):
                 group = group_of[p]
                 p.grad = gd + (corr if scale == 1.0 else corr * scale)
                 fb.mul_(1.0 - group["beta"]).add_(gd.square(), alpha=group["beta"])
-                above += int((fb > group["delta"]).sum())
+                above.append((fb > group["delta"]).sum())
             self.base_optimizer.step()
         self.steps += 1
         all_fb = torch.cat([fb.reshape(-1) for fb in fbars])
-        self.last = dict(
+        self.last = dict(  # the f_bar statistics (after the update) stay 0-d tensors on the device
             step=self.steps,
-            loss=float(loss.detach()),
+            loss=loss_value,
             penalty=penalty,
             grad_norm=grad_norm,
             hv_norm=math.sqrt(hv_sq),
             correction_norm=corr_norm,
             correction_ratio=ratio,
             correction_scale=scale,
-            fbar_min=float(all_fb.min()),
-            fbar_mean=float(all_fb.mean()),
-            fbar_max=float(all_fb.max()),
-            fbar_above_delta=above / all_fb.numel(),
+            fbar_min=all_fb.min(),
+            fbar_mean=all_fb.mean(),
+            fbar_max=all_fb.max(),
+            fbar_above_delta=torch.stack(above).sum().double() / all_fb.numel(),
             hvp=self.hvp,
             fd_h=fd_h,
         )
