@@ -118,7 +118,7 @@ def resolve_optimizer(name: str) -> Callable[..., Any]:
         )
     if target.startswith("torch.optim."):
         return getattr(torch.optim, target.rsplit(".", 1)[1])
-    for where in (opt_pkg, torch.optim):
+    for where in (opt_pkg, opt_pkg.bayes, torch.optim):  # bayes: builders such as f_mc_dropout
         obj = getattr(where, target, None)
         if callable(obj) and (not isinstance(obj, type) or issubclass(obj, torch.optim.Optimizer)):
             return obj

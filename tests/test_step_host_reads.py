@@ -50,14 +50,14 @@ EXTRA: dict[str, dict] = {
     "flat_sgvb": {"bayesian": {"kl_weight": 1.0}},
     "f_sgvb": {"bayesian": {"kl_weight": 1.0}},
 }
-#: F-MC-Dropout is ``optimizer = "sam"`` with an mc_dropout table (``"f_mc_dropout"`` itself is listed
-#: by available_methods but not resolved by the runner).
-F_MC_DROPOUT = {"optimizer": "sam", "mc_dropout": {"samples": 2}}
+#: F-MC-Dropout: its optimizer (SAM) with an mc_dropout table and a model with dropout
+F_MC_DROPOUT = {"optimizer": "f_mc_dropout", "mc_dropout": {"samples": 2}}
 M_SHARPNESS = ["sam", "asam", "fsam", "bsam"]  # with m = 4 sub-batches, vectorised
 
 
 def _cases() -> list[tuple[str, dict]]:
     cases = [(m, {"optimizer": m, **EXTRA.get(m, {})}) for m in available_methods() if m != "f_mc_dropout"]
+    assert "f_mc_dropout" in available_methods()
     cases.append(("f_mc_dropout", F_MC_DROPOUT))
     cases += [
         (f"{m}_m4", {"optimizer": m, "hyperparameters": {"m": 4, "batched_m": True}}) for m in M_SHARPNESS
@@ -182,6 +182,8 @@ def one_thread():
 def test_no_host_reads_per_step(tmp_path, monkeypatch, name, entry):
     monkeypatch.setattr(dv, "READ_EVERY", 2)  # a window read inside the epoch too (steps 2 and 3)
     t = _trainer(tmp_path, name, entry)
+    if name == "f_mc_dropout":  # the name resolves to its builder in optimizers.bayes: SAM
+        assert type(t.opt).__name__ == "SAM" and t.opt.param_groups[0]["rho"] == 0.05
     mode = _count(monkeypatch, t.opt, lambda: t._epoch(0))
     assert mode.step == STEPS
     runner = [(s, what, where) for phase, s, what, where in mode.found if phase == "runner"]
