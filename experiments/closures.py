@@ -230,20 +230,23 @@ class ClosureFactory:
         return next((why for why, on in reasons.items() if on), None)
 
 
-def check_sub_batches(m: int, n: int, batch_size: int, drop_last: bool, method: str) -> None:
-    """m-sharpness splits every batch into ``m`` sub-batches: each needs an example (an empty one has
-    a NaN mean loss, which the divergence check would report as the method diverging)."""
+def check_sub_batches(m: int, n: int, batch_size: int, drop_last: bool, method: str, world: int = 1) -> None:
+    """m-sharpness splits every batch (each rank's share of it under data parallelism, ``world``
+    ranks) into ``m`` sub-batches: each needs an example (an empty one has a NaN mean loss, which
+    the divergence check would report as the method diverging)."""
     if m <= 1:
         return
-    if batch_size < m:
+    ranks = "" if world == 1 else f" on each of {world} ranks"
+    if batch_size // world < m:
         raise ConfigError(
-            f"method {method!r} splits each batch into m = {m} sub-batches, but train.batch_size = "
-            f"{batch_size} leaves some of them empty; use a batch size of at least {m} or a smaller m"
+            f"method {method!r} splits each batch{ranks} into m = {m} sub-batches, but train.batch_size = "
+            f"{batch_size} leaves some of them empty; use a batch size of at least {m * world} or a smaller m"
         )
     rest = n % batch_size
-    if not drop_last and 0 < rest < m:
+    if not drop_last and 0 < rest and rest // world < m:
         raise ConfigError(
             f"the last batch of each epoch has {rest} examples ({n} training examples, batch size "
-            f"{batch_size}), fewer than the m = {m} sub-batches of method {method!r}; set "
-            "train.drop_last = true, or a batch size that leaves at least m examples in the last batch"
+            f"{batch_size}), too few for the m = {m} sub-batches{ranks} of method {method!r}; set "
+            "train.drop_last = true, or a batch size that leaves at least m examples per rank in the "
+            "last batch"
         )

@@ -180,7 +180,10 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch,
         )
         self.inner = inner_optimizer(self.opt)
-        check_sub_batches(int(getattr(self.inner, "m", 1)), self.n, bs, t["drop_last"], self.method["name"])
+        world = ctx.world if ctx.data_parallel else 1
+        check_sub_batches(
+            int(getattr(self.inner, "m", 1)), self.n, bs, t["drop_last"], self.method["name"], world
+        )
         if t["schedule"] == "none":  # the optimizer sets its own learning rate (e.g. F-SGLD's official one)
             self.scheduler: Any = NoSchedule()
         else:

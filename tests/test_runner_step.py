@@ -162,7 +162,10 @@ def test_step_losses_skip_gaps_and_pending_match_per_step_feeding():
     "train, problem",
     [
         ({"batch_size": 4}, "train.batch_size = 4 leaves some of them empty"),
-        ({"batch_size": 287}, "the last batch of each epoch has 3 examples (1438 training examples"),
+        (
+            {"batch_size": 287},
+            "the last batch of each epoch has 3 examples (1438 training examples, batch size 287), too few",
+        ),
     ],
 )
 def test_sub_batches_without_examples_are_a_config_error(tmp_path, monkeypatch, train, problem):
@@ -179,3 +182,17 @@ def test_sub_batches_without_examples_are_a_config_error(tmp_path, monkeypatch, 
     )
     assert res["status"] == "completed" and history[-1]["step"] == 10
     assert all(math.isfinite(r["train_loss"]) for r in history)
+
+
+def test_sub_batches_per_rank_under_data_parallelism():
+    """Each rank splits its share of the batch (``torch.tensor_split``: the smallest share is
+    ``batch // world``) into m sub-batches."""
+    from experiments.closures import check_sub_batches
+    from experiments.config import ConfigError
+
+    check_sub_batches(8, 1024, 32, False, "sam", world=4)  # shares of 8: one example per sub-batch
+    check_sub_batches(8, 1000, 32, True, "sam", world=4)  # the short last batch dropped
+    with pytest.raises(ConfigError, match="each batch on each of 4 ranks into m = 8 sub-batches"):
+        check_sub_batches(8, 1024, 28, False, "sam", world=4)  # shares of 7
+    with pytest.raises(ConfigError, match="too few for the m = 8 sub-batches on each of 4 ranks"):
+        check_sub_batches(8, 1000, 32, False, "sam", world=4)  # last batch 8: shares of 2
