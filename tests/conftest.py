@@ -21,6 +21,16 @@ os.environ.pop("SHARPSCAPE_DATA", None)
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (runner tests compare runs bit for bit and count steps): a
+    module uses it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 REQUIRE_PEERS_ENV = "SHARPSCAPE_REQUIRE_PEERS"
 _PEERS_SCRIPT = "bash benchmarks/install_peers.sh"
 # top-level module -> (distribution on PyPI, how this project installs it)

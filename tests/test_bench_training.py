@@ -21,12 +21,7 @@ from optimizers.perturbation import make_closure
 REL = 1e-12
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_quick_run_records_every_row_with_ratios_of_its_medians(tmp_path):

@@ -32,12 +32,7 @@ from landscape.results import load_result
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _cfg(tmp_path, *, lr=0.2, act="tanh", precision="float64", every=1, **train):

@@ -57,12 +57,7 @@ every = 1
 """
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def write_config(tmp: Path, epochs: int = 2, schedule: str = "constant", extra: str = "") -> Path:

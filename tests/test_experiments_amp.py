@@ -47,12 +47,7 @@ sharpness = []
 """
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def trainer(tmp: Path, method: str, *overrides: str) -> Trainer:

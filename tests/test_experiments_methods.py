@@ -58,12 +58,7 @@ SIZES = [64, 12, 10]
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def trainer(tmp: Path, *overrides: str, ctx: DistContext | None = None) -> Trainer:

@@ -45,16 +45,6 @@ def _spectrum(name: str) -> tuple[torch.Tensor, float]:
     return r**i, (1 - r**P) / (1 - r)
 
 
-@pytest.fixture
-def one_thread():
-    """200 x 200 products gain nothing from threads, and on a loaded machine torch's pool waits on
-    descheduled workers (10-100x slower): one thread keeps the 2000 runs at about a second."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("spectrum", ["flat", "geometric"])
 def test_hutchpp_stderr_is_the_spread_of_its_estimates(spectrum, one_thread):
     eigs, exact = _spectrum(spectrum)

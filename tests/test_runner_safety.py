@@ -55,12 +55,7 @@ every = 1
 """
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def config(tmp: Path, *, epochs: int = 2, data: str = "digits", inputs: int = 64, batch: int = 256) -> Path:

@@ -169,12 +169,7 @@ def _trainer(tmp: Path, name: str, entry: dict) -> Trainer:
     return Trainer(run.cfg, run.run_dir, seed=0, device=cpu, ctx=DistContext(), fingerprint="t")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
