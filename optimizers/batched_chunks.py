@@ -7,9 +7,10 @@ the ``m`` gradients at ``w`` are one pass over the stacked sub-batches (paramete
 descent gradient ``sum_k grad L_k(w + eps_k)`` one pass with per-chunk parameters stacked
 ``[m, ...]`` (``reduce=True``: only the sum is formed).  Two engines compute the passes:
 
-* ``direct`` (:mod:`optimizers.chunk_direct`): a chain of ``nn.Linear`` layers and per-example
-  modules (MLPs) in one plain forward/backward, the weight gradients from the layers' (input,
-  output-gradient) products -- about 1.2x a plain forward/backward per pass;
+* ``direct`` (:mod:`optimizers.chunk_direct`): a chain of ``nn.Linear`` / ``nn.Conv2d`` layers,
+  pooling and per-example modules (MLPs, LeNet-5) in one plain forward/backward, the weight
+  gradients from the layers' (input, output-gradient) products -- about 1.2x a plain
+  forward/backward per pass on the MLP;
 * ``vmap``: any other model, one ``vmap`` over ``torch.func.functional_call`` per pass (parameters
   ``in_dims=None`` or ``0``) -- about 2.5x on the same MLP.
 
@@ -43,7 +44,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from optimizers.chunk_direct import DirectChunks, plan
+from optimizers.chunk_direct import DirectChunks, check_input, plan
 from optimizers.chunk_losses import chunk_losses
 
 __all__ = [
@@ -181,6 +182,9 @@ class ChunkVectoriser:
         self.ys = torch.stack(self.y_list) if all(isinstance(y, torch.Tensor) for y in self.y_list) else None
         # the engine without vmap (optimizers.chunk_direct) where the model allows it
         leaves, self.direct_unavailable = plan(model) if engine == "auto" else (None, f"engine={engine!r}")
+        if leaves is not None and isinstance(x_chunks[0], torch.Tensor):
+            self.direct_unavailable = check_input(leaves, x_chunks[0])
+            leaves = None if self.direct_unavailable else leaves
         self.direct = self.xs = None
         self.bn: list[tuple[str, _BatchNorm]] = []
         if leaves is not None:  # no BatchNorm, no buffer the forward pass could mutate

@@ -15,13 +15,17 @@ sum.  For a network that is a chain of ``nn.Linear`` layers and parameter-free p
 
 On the benchmark's MLP (64-64-10, batch 256, m = 8, one CPU thread) a pass costs about 1.1x one
 plain forward/backward, against 2.5x for the ``vmap`` pass (its ``functional_call`` and batching
-overheads).  Anything else -- other layers (convolutions, normalisation), a module subclass that may
-override ``forward``, hooks, dropout in train mode -- is left to the ``vmap`` engine
-(:func:`plan` returns why).
+overheads).  ``nn.Conv2d`` layers and spatial pooling are handled the same way (per-chunk weights as
+one grouped convolution, see :mod:`optimizers.chunk_direct_conv`).  Besides ``nn.Sequential`` a
+few model classes whose ``forward`` is known to be the chain of their children (:data:`CHAINS`,
+e.g. LeNet-5) are planned.  Anything else -- other layers (normalisation, ...), a module subclass
+that may override ``forward``, hooks, dropout in train mode -- is left to the ``vmap`` engine
+(:func:`plan` and :func:`check_input` return why).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -30,10 +34,21 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module
 
-__all__ = ["DirectChunks", "plan"]
+from optimizers.chunk_direct_conv import SPATIAL, conv_forward, conv_grads, conv_why_not, spatial_why_not
 
-_Layer = tuple[nn.Module, "str | None", "str | None"]  # a linear layer, its weight's and bias's names
-_Tap = tuple[_Layer, torch.Tensor, torch.Tensor]  # the layer, its input, its output
+__all__ = ["CHAINS", "DirectChunks", "check_input", "plan"]
+
+_Layer = tuple[nn.Module, "str | None", "str | None"]  # a linear/conv layer, its weight's and bias's names
+#: the layer, its input, its output, its input in the grouped layout of a per-chunk convolution
+_Tap = tuple[_Layer, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
+_LAYERS = (nn.Linear, nn.Conv2d)
+
+#: model classes (module, qualified name) whose ``forward`` is the chain of these children in this
+#: order; a class is only taken for its exact self (no subclass, same ``forward``, same children)
+CHAINS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("landscape.models.lenet", "LeNet5"): ("features", "classifier"),
+    ("landscape.models.lenet", "LeNet5BSAM"): ("features", "classifier"),
+}
 
 #: parameter-free modules that act on every example (row) alone, whatever the batch size
 _PER_EXAMPLE = frozenset(
@@ -59,6 +74,7 @@ _PER_EXAMPLE = frozenset(
         nn.LogSigmoid,
     )
 )
+_LEAVES = frozenset((*_LAYERS, nn.Flatten, *_PER_EXAMPLE, *SPATIAL))  # what plan() keeps
 _DROPOUT = frozenset((nn.Dropout, nn.AlphaDropout, nn.FeatureAlphaDropout, nn.Dropout1d))
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOKS = (
@@ -75,13 +91,31 @@ def _why_not(mod: nn.Module) -> str | None:
     kind = type(mod)
     if kind is nn.Linear or kind in _PER_EXAMPLE:
         return None
+    if kind is nn.Conv2d:
+        return conv_why_not(mod)
+    if kind in SPATIAL:
+        return spatial_why_not(mod)
     if kind is nn.Flatten:
         return None if mod.start_dim >= 1 else "Flatten over the batch dimension"
     if kind in _DROPOUT:
         return None if not mod.training else "dropout in train mode"
     if isinstance(mod, nn.Sequential) and kind.forward is nn.Sequential.forward:
         return None
-    return f"{kind.__name__} (not a linear layer or a known per-example module)"
+    if _chain(mod) is not None:
+        return None
+    return f"{kind.__name__} (not a linear/conv layer or a known per-example module)"
+
+
+def _chain(mod: nn.Module) -> list[nn.Module] | None:
+    """The children of a :data:`CHAINS` model in call order (``None``: not such a model)."""
+    kind = type(mod)
+    names = CHAINS.get((kind.__module__, kind.__qualname__))
+    if names is None or getattr(sys.modules.get(kind.__module__), kind.__qualname__, None) is not kind:
+        return None
+    fwd = vars(kind).get("forward")
+    if fwd is None or set(fwd.__code__.co_names) != set(names) or tuple(mod._modules) != names:
+        return None
+    return [mod._modules[n] for n in names]
 
 
 def plan(model: nn.Module) -> tuple[list[nn.Module] | None, str]:
@@ -97,12 +131,29 @@ def plan(model: nn.Module) -> tuple[list[nn.Module] | None, str]:
             return None, why
         if isinstance(mod, nn.Sequential):
             stack.extend(reversed(list(mod._modules.values())))
-        elif type(mod) is nn.Linear or type(mod) is nn.Flatten or type(mod) in _PER_EXAMPLE:
+        elif type(mod) in _LEAVES:
             leaves.append(mod)
+        elif type(mod) not in _DROPOUT:  # a CHAINS model
+            stack.extend(reversed(_chain(mod)))
         # eval-mode dropout: the identity, skipped
-    if not any(type(mod) is nn.Linear for mod in leaves):
-        return None, "no linear layer"
+    if not any(type(mod) in _LAYERS for mod in leaves):
+        return None, "no linear layer or convolution"
     return leaves, ""
+
+
+def check_input(leaves: list[nn.Module], x: torch.Tensor) -> str:
+    """Why the planned chain cannot take the batch ``x`` chunk by chunk ("": it can): a convolution
+    or pooling needs a batch of images ``[N, C, H, W]`` (a 3-d input would be one unbatched image)."""
+    ndim = x.dim()
+    for mod in leaves:
+        if type(mod) is nn.Flatten:
+            end = mod.end_dim % ndim
+            if mod.start_dim >= ndim or end < mod.start_dim:
+                return "Flatten dimensions out of range"
+            ndim -= end - mod.start_dim
+        elif (type(mod) is nn.Conv2d or type(mod) in SPATIAL) and ndim != 4:
+            return f"{type(mod).__name__} on a {ndim}-d input"
+    return ""
 
 
 class DirectChunks:
@@ -114,21 +165,22 @@ class DirectChunks:
 
     def __init__(self, leaves: list[nn.Module], names: dict[int, str], m: int, x: torch.Tensor) -> None:
         self.m, self.x = m, x
-        #: the call sequence: (0, module), (1, linear layer), (2, in-place module)
+        #: the call sequence: (0, module), (1, linear or conv layer), (2, in-place module)
         self.leaves: list[tuple[int, Any]] = []
         for mod in leaves:
-            if type(mod) is nn.Linear:
+            if type(mod) in _LAYERS:
                 b = mod.bias
                 entry = (mod, names.get(id(mod.weight)), names.get(id(b)) if b is not None else None)
                 self.leaves.append((1, entry))
-            elif getattr(mod, "inplace", False):  # on a copy: z of a linear layer must stay intact
+            elif getattr(mod, "inplace", False):  # on a copy: z of a layer must stay intact
                 self.leaves.append((2, mod))
             else:
                 self.leaves.append((0, mod))
 
     def forward(self, params: dict[str, torch.Tensor], stacked: bool) -> tuple[torch.Tensor, list[_Tap]]:
-        """``(outputs [m b, ...], taps)``; ``taps``: (layer, its input, its output ``z``) for every
-        linear layer with a differentiated parameter, ``z`` part of the graph (requires grad)."""
+        """``(outputs [m b, ...], taps)``; ``taps``: (layer, its input, its output ``z``, the input in
+        grouped layout or None) for every layer with a differentiated parameter, ``z`` part of the
+        graph (requires grad)."""
         m, h = self.m, self.x
         taps = []
         for kind, item in self.leaves:
@@ -138,7 +190,11 @@ class DirectChunks:
             mod, wn, bn = item
             w = params[wn] if wn is not None else mod.weight.detach()
             b = params[bn] if bn is not None else (None if mod.bias is None else mod.bias.detach())
-            if stacked and (wn is not None or bn is not None):  # per-chunk weights [m, out, in]
+            per_chunk = stacked and (wn is not None or bn is not None)  # per-chunk weights [m, ...]
+            hg = None
+            if type(mod) is nn.Conv2d:
+                z, hg = conv_forward(mod, h, w, b, m, per_chunk)
+            elif per_chunk:
                 a3 = h.reshape(m, -1, h.shape[-1])
                 wt = (w if w.dim() == 3 else w.expand(m, *w.shape)).transpose(1, 2)
                 if b is None:
@@ -152,7 +208,7 @@ class DirectChunks:
             if wn is not None or bn is not None:
                 if not z.requires_grad:
                     z.requires_grad_()
-                taps.append((item, h, z))
+                taps.append((item, h, z, hg))
             h = z
         return h, taps
 
@@ -168,11 +224,13 @@ class DirectChunks:
         m = self.m
         outs, taps = self.forward(params, stacked)
         losses = losses_of(outs)
-        deltas = torch.autograd.grad(losses.sum(), [z for _, _, z in taps])
+        deltas = torch.autograd.grad(losses.sum(), [tap[2] for tap in taps])
         grads: dict[str, torch.Tensor] = {}
         with torch.no_grad():
-            for ((_, wn, bn), a, _), d in zip(taps, deltas):
-                if reduce:
+            for ((mod, wn, bn), a, _, ag), d in zip(taps, deltas):
+                if type(mod) is nn.Conv2d:
+                    gw, gb = conv_grads(mod, a, ag, d, m, reduce, wn is not None, bn is not None)
+                elif reduce:
                     d2 = d.reshape(-1, d.shape[-1])
                     gw = d2.t().mm(a.reshape(-1, a.shape[-1])) if wn is not None else None
                     gb = d2.sum(0) if bn is not None else None

@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from landscape.models.lenet import LeNet5, LeNet5BSAM
 from optimizers import ASAM, SAM, BayesianSAM, FisherSAM
 from optimizers.batched_chunks import ChunkVectoriser, chunk_norms
-from optimizers.chunk_direct import plan
+from optimizers.chunk_direct import check_input, plan
 from optimizers.perturbation import _summarise_stacked, make_closure
 
 TOL = 1e-10
@@ -116,10 +117,12 @@ def test_direct_engine_grads_equal_per_chunk_autograd(name: str) -> None:
             torch.testing.assert_close(g[n], w.sum(0) if reduce else w, atol=TOL, rtol=0)
 
 
-def _steps(method: str, model: nn.Module, name: str, *, m: int = 4, steps: int = 3, params=None, **kw):
+def _steps(
+    method: str, model: nn.Module, name: str, *, m: int = 4, steps: int = 3, params=None, data=None, **kw
+):
     opt = METHODS[method](model.parameters() if params is None else params, model=model, m=m, **kw)
     for t in range(steps):
-        x, y = _data(name, 16, seed=100 + t)
+        x, y = (data or _data)(name, 16, seed=100 + t)
         opt.step(make_closure(opt, model, nn.CrossEntropyLoss(), x, y))
     return opt
 
@@ -285,3 +288,213 @@ def test_batched_perturbation_hooks_equal_the_loop_for_each_variant(variant: str
     pairs = [(opts[0].param_groups[0], p) for p in model.parameters()]
     ones = [torch.ones(4, *p.shape, dtype=DT) for p in model.parameters()]
     assert (opts[0]._perturbation_batched(pairs, ones) is None) is (variant == "fisher_callable")
+
+
+# --- convolutions (optimizers.chunk_direct_conv) -----------------------------------------------
+
+
+def _cnns() -> dict[str, callable]:
+    return {
+        "cnn": lambda: nn.Sequential(
+            nn.Conv2d(2, 4, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(4, 6, 3, stride=2, padding=1, bias=False),
+            nn.Tanh(),
+            nn.Flatten(),
+            nn.Linear(24, 3),
+        ),
+        "cnn_dilated_groups": lambda: nn.Sequential(
+            nn.Conv2d(2, 4, 3, dilation=2, padding="same"),
+            nn.GELU(),
+            nn.Conv2d(4, 6, 3, groups=2, stride=(2, 1), padding=(1, 0)),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(24, 3),
+        ),
+        "cnn_valid_inplace": lambda: nn.Sequential(
+            nn.Conv2d(2, 3, (3, 2), padding="valid"),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(3, 4, 2, dilation=(1, 2)),
+            nn.AdaptiveMaxPool2d((2, 3)),
+            nn.AvgPool2d(2, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+            nn.Flatten(),
+            nn.Linear(16, 5),
+            nn.SiLU(),
+            nn.Linear(5, 3),
+        ),
+        "lenet5": lambda: LeNet5(in_channels=2, num_classes=3, input_size=8),
+        "lenet5_bsam": lambda: LeNet5BSAM(in_channels=2, num_classes=3, input_size=15),
+    }
+
+
+def _cnn_data(name: str, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    size = 15 if name == "lenet5_bsam" else 8
+    return torch.randn(batch, 2, size, size, generator=g, dtype=DT), torch.randint(
+        0, 3, (batch,), generator=g
+    )
+
+
+@pytest.mark.parametrize("name", sorted(_cnns()))
+def test_conv_engine_grads_equal_per_chunk_autograd(name: str) -> None:
+    """Shared weights (the m gradients at w), per-chunk weights (the m gradients at w_k) and their
+    sum, against one autograd call per chunk; the first layer frozen, so only some layers tap."""
+    torch.manual_seed(10)
+    model = _cnns()[name]().to(DT)
+    m = 4
+    x, y = _cnn_data(name, 16, seed=11)
+    xs, ys = torch.tensor_split(x, m), torch.tensor_split(y, m)
+    for params in (list(model.parameters()), list(model.parameters())[1:]):
+        vec = ChunkVectoriser(model, nn.CrossEntropyLoss(), params, xs, ys)
+        assert vec.engine == "direct", vec.direct_unavailable
+        names = vec.names
+        want_l, want_g = _hand_chunk_grads(model, params, xs, ys)
+        with torch.enable_grad():
+            g, losses, _ = vec.grads({n: p.detach() for n, p in zip(names, params)}, stacked=False)
+        torch.testing.assert_close(losses, want_l, atol=TOL, rtol=0)
+        for n, w in zip(names, want_g):
+            torch.testing.assert_close(g[n], w, atol=TOL, rtol=0)
+        gen = torch.Generator().manual_seed(12)
+        points = [
+            [p.detach() + 0.1 * torch.randn(p.shape, generator=gen, dtype=DT) for p in params]
+            for _ in range(m)
+        ]
+        want_l, want_g = _hand_chunk_grads(model, params, xs, ys, points)
+        stacked = {n: torch.stack([pt[i] for pt in points]) for i, n in enumerate(names)}
+        for reduce in (False, True):
+            with torch.enable_grad():
+                g, losses, _ = vec.grads(stacked, stacked=True, reduce=reduce)
+            torch.testing.assert_close(losses, want_l, atol=TOL, rtol=0)
+            for n, w in zip(names, want_g):
+                torch.testing.assert_close(g[n], w.sum(0) if reduce else w, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("name", sorted(_cnns()))
+def test_conv_engine_step_equals_loop(method: str, name: str) -> None:
+    torch.manual_seed(13)
+    model = _cnns()[name]().to(DT)
+    twin = copy.deepcopy(model)
+    opt = _steps(method, model, name, data=_cnn_data)
+    loop = _steps(method, twin, name, data=_cnn_data, batched_m=False)
+    assert opt.last["m_sharpness"] == "batched" and opt.config["m_sharpness_engine"] == "direct"
+    _assert_same(model, opt, twin, loop)
+
+
+def test_conv_engine_with_frozen_layers_equals_vmap_and_loop() -> None:
+    """A frozen convolution, a convolution with only its bias trained, per-group rho."""
+    torch.manual_seed(14)
+    model = _cnns()["cnn"]().to(DT)
+    model[0].weight.requires_grad_(False)  # its bias trains
+    twins = [copy.deepcopy(model) for _ in range(2)]
+    groups = lambda mod: [  # noqa: E731 - the second convolution outside the optimizer
+        {"params": [mod[0].bias], "rho": 0.2},
+        {"params": list(mod[6].parameters())},
+    ]
+    opt = _steps("sam", model, "cnn", params=groups(model), data=_cnn_data)
+    vm = METHODS["sam"](groups(twins[0]), model=twins[0], m=4)
+    vm.batched_engine = "vmap"
+    for t in range(3):
+        x, y = _cnn_data("cnn", 16, seed=100 + t)
+        vm.step(make_closure(vm, twins[0], nn.CrossEntropyLoss(), x, y))
+    loop = _steps("sam", twins[1], "cnn", params=groups(twins[1]), data=_cnn_data, batched_m=False)
+    assert opt.config["m_sharpness_engine"] == "direct" and vm.config["m_sharpness_engine"] == "vmap"
+    _assert_same(model, opt, twins[0], vm)
+    _assert_same(model, opt, twins[1], loop)
+    for frozen in (model[0].weight, model[3].weight):  # never stepped
+        assert torch.equal(frozen, dict(zip(model.parameters(), twins[1].parameters()))[frozen])
+
+
+@pytest.mark.parametrize("noise", [True, False])
+def test_bsam_conv_engine_equals_loop(noise: bool) -> None:
+    torch.manual_seed(15)
+    model = _cnns()["lenet5"]().to(DT)
+    twin = copy.deepcopy(model)
+    opts = []
+    for net, batched in ((model, True), (twin, False)):
+        opt = BayesianSAM(net.parameters(), lr=0.1, num_data=1000, rho=0.05, m=4, noise=noise, seed=3,
+                          model=net, batched_m=batched)  # fmt: skip
+        for t in range(3):
+            x, y = _cnn_data("lenet5", 16, seed=200 + t)
+            opt.step(make_closure(opt, net, nn.CrossEntropyLoss(), x, y))
+        opts.append(opt)
+    assert opts[0].last["m_sharpness"] == "batched" and opts[0].config["m_sharpness_engine"] == "direct"
+    for pa, pb in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(pa, pb, atol=TOL, rtol=0)
+        for key in ("s", "exp_avg"):
+            torch.testing.assert_close(opts[0].state[pa][key], opts[1].state[pb][key], atol=TOL, rtol=0)
+    for key in ("loss", "loss_perturbed", "grad_norm", "eps_norm"):
+        a, b = torch.as_tensor(opts[0].last[key]), torch.as_tensor(opts[1].last[key])
+        torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+class _MyLeNet(LeNet5):  # a subclass may override forward: not assumed to be LeNet5
+    pass
+
+
+class _LeNetForward(LeNet5):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x) * 2)
+
+
+def _conv(**kw) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(2, 3, 3, **kw), nn.Flatten(), nn.Linear(108, 3))
+
+
+@pytest.mark.parametrize(
+    "factory,why",
+    [
+        (lambda: _conv(padding=1, padding_mode="reflect"), "padding_mode='reflect'"),
+        (lambda: nn.Sequential(nn.Conv2d(2, 3, 2, padding="same"), nn.Flatten()), "asymmetric 'same'"),
+        (lambda: nn.Sequential(nn.Conv2d(2, 3, 3), nn.MaxPool2d(2, return_indices=True)), "return_indices"),
+        (lambda: nn.Sequential(nn.Conv1d(2, 3, 3), nn.Flatten()), "Conv1d"),
+        (lambda: nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3)), "BatchNorm2d"),
+        (lambda: nn.Sequential(nn.Conv2d(2, 3, 3), nn.Dropout2d(0.5)), "Dropout2d"),
+        (lambda: nn.Sequential(nn.MaxPool2d(2), nn.Flatten()), "no linear layer"),
+        (lambda: LeNet5(in_channels=2, num_classes=3, input_size=8, norm="batch"), "BatchNorm2d"),
+        (lambda: LeNet5(in_channels=2, num_classes=3, input_size=8, norm="group"), "GroupNorm"),
+        (lambda: LeNet5(in_channels=2, num_classes=3, input_size=8, dropout=0.5), "dropout in train mode"),
+        (lambda: _MyLeNet(in_channels=2, num_classes=3, input_size=8), "_MyLeNet"),
+        (lambda: _LeNetForward(in_channels=2, num_classes=3, input_size=8), "_LeNetForward"),
+    ],
+)
+def test_plan_refuses_convolutions_it_does_not_know(factory, why) -> None:
+    leaves, reason = plan(factory().train())
+    assert leaves is None and why in reason
+
+
+def test_lenet5_plans_in_call_order_and_eval_dropout_is_skipped() -> None:
+    model = LeNet5(in_channels=2, num_classes=3, input_size=8, dropout=0.5).eval()
+    leaves, reason = plan(model)
+    want = [mod for mod in model.modules() if not list(mod.children()) and type(mod) is not nn.Dropout]
+    assert reason == "" and leaves == want and len(want) == 12  # the eval-mode dropouts left out
+
+
+def test_conv_on_unbatched_images_goes_to_vmap() -> None:
+    """A 3-d batch would be one unbatched image to Conv2d: not per-example, left to vmap."""
+    torch.manual_seed(16)
+    leaves = [nn.Conv2d(4, 3, 3), nn.Flatten(), nn.Linear(12, 3)]
+    assert "Conv2d on a 3-d input" in check_input(leaves, torch.zeros(4, 4, 4))
+    assert "MaxPool2d on a 2-d input" in check_input([nn.Flatten(), nn.MaxPool2d(2)], torch.zeros(4, 2, 3, 3))
+    assert check_input(leaves, torch.zeros(4, 4, 4, 4)) == ""
+    net = nn.Sequential(nn.Conv2d(4, 3, 3), nn.Flatten(0), nn.Linear(12, 3))
+    assert "Flatten over the batch" in plan(net)[1]
+    net = nn.Sequential(nn.Conv2d(16, 3, 3), nn.Flatten(), nn.Linear(4, 3)).to(DT)
+    x = torch.randn(16, 4, 4, dtype=DT)  # 16 "examples" of [4, 4]: the conv sees [16, 4, 4] as one image
+    vec = ChunkVectoriser(net, lambda out, y: out.square().mean(), list(net.parameters()),
+                          torch.tensor_split(x, 1), torch.tensor_split(torch.zeros(16), 1))  # fmt: skip
+    assert vec.engine == "vmap" and "3-d input" in vec.direct_unavailable
+
+
+def test_batchnorm_cnn_still_goes_to_vmap_and_equals_the_loop() -> None:
+    torch.manual_seed(17)
+    model = LeNet5(in_channels=2, num_classes=3, input_size=8, norm="batch").to(DT)
+    assert "BatchNorm2d" in plan(model)[1]
+    twin = copy.deepcopy(model)
+    opt = _steps("sam", model, "lenet5", steps=2, data=_cnn_data)
+    loop = _steps("sam", twin, "lenet5", steps=2, data=_cnn_data, batched_m=False)
+    assert opt.last["m_sharpness"] == "batched" and opt.config["m_sharpness_engine"] == "vmap"
+    _assert_same(model, opt, twin, loop)
+    for ba, bb in zip(model.buffers(), twin.buffers()):
+        torch.testing.assert_close(ba, bb, atol=TOL, rtol=0)
