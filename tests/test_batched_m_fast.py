@@ -118,9 +118,20 @@ def test_direct_engine_grads_equal_per_chunk_autograd(name: str) -> None:
 
 
 def _steps(
-    method: str, model: nn.Module, name: str, *, m: int = 4, steps: int = 3, params=None, data=None, **kw
+    method: str,
+    model: nn.Module,
+    name: str,
+    *,
+    m: int = 4,
+    steps: int = 3,
+    params=None,
+    data=None,
+    engine: str | None = None,
+    **kw,
 ):
     opt = METHODS[method](model.parameters() if params is None else params, model=model, m=m, **kw)
+    if engine is not None:
+        opt.batched_engine = engine
     for t in range(steps):
         x, y = (data or _data)(name, 16, seed=100 + t)
         opt.step(make_closure(opt, model, nn.CrossEntropyLoss(), x, y))
@@ -161,11 +172,7 @@ def test_direct_engine_equals_vmap_engine_and_frozen_layers_stay_constant() -> N
         {"params": list(mod[4].parameters())},
     ]
     opt = _steps("sam", model, "mlp", params=groups(model))
-    vm = METHODS["sam"](groups(twins[0]), model=twins[0], m=4)
-    vm.batched_engine = "vmap"
-    for t in range(3):
-        x, y = _data("mlp", 16, seed=100 + t)
-        vm.step(make_closure(vm, twins[0], nn.CrossEntropyLoss(), x, y))
+    vm = _steps("sam", twins[0], "mlp", params=groups(twins[0]), engine="vmap")
     loop = _steps("sam", twins[1], "mlp", params=groups(twins[1]), batched_m=False)
     assert opt.config["m_sharpness_engine"] == "direct" and vm.config["m_sharpness_engine"] == "vmap"
     _assert_same(model, opt, twins[0], vm)
@@ -174,18 +181,16 @@ def test_direct_engine_equals_vmap_engine_and_frozen_layers_stay_constant() -> N
         assert torch.equal(frozen, dict(zip(model.parameters(), twins[1].parameters()))[frozen])
 
 
-@pytest.mark.parametrize("kind", ["mlp", "tied"])
-@pytest.mark.parametrize("noise", [True, False])
-def test_bsam_direct_engine_equals_loop(kind: str, noise: bool) -> None:
-    torch.manual_seed(5)
-    model = _models()[kind]().to(DT)
+def _assert_bsam_direct_equals_loop(model: nn.Module, name: str, noise: bool, data) -> None:
+    """Three bSAM steps with m = 4 on the direct engine and on the loop of a twin: weights, the
+    posterior state ``s`` / ``exp_avg`` and the step's records agree to ``TOL``."""
     twin = copy.deepcopy(model)
     opts = []
     for net, batched in ((model, True), (twin, False)):
         opt = BayesianSAM(net.parameters(), lr=0.1, num_data=1000, rho=0.05, m=4, noise=noise, seed=3,
                           model=net, batched_m=batched)  # fmt: skip
         for t in range(3):
-            x, y = _data(kind, 16, seed=200 + t)
+            x, y = data(name, 16, seed=200 + t)
             opt.step(make_closure(opt, net, nn.CrossEntropyLoss(), x, y))
         opts.append(opt)
     assert opts[0].last["m_sharpness"] == "batched" and opts[0].config["m_sharpness_engine"] == "direct"
@@ -196,6 +201,13 @@ def test_bsam_direct_engine_equals_loop(kind: str, noise: bool) -> None:
     for key in ("loss", "loss_perturbed", "grad_norm", "eps_norm"):
         a, b = torch.as_tensor(opts[0].last[key]), torch.as_tensor(opts[1].last[key])
         torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "tied"])
+@pytest.mark.parametrize("noise", [True, False])
+def test_bsam_direct_engine_equals_loop(kind: str, noise: bool) -> None:
+    torch.manual_seed(5)
+    _assert_bsam_direct_equals_loop(_models()[kind]().to(DT), kind, noise, _data)
 
 
 class _MyLinear(nn.Linear):  # a subclass may override forward: not assumed to be nn.Linear
@@ -393,11 +405,7 @@ def test_conv_engine_with_frozen_layers_equals_vmap_and_loop() -> None:
         {"params": list(mod[6].parameters())},
     ]
     opt = _steps("sam", model, "cnn", params=groups(model), data=_cnn_data)
-    vm = METHODS["sam"](groups(twins[0]), model=twins[0], m=4)
-    vm.batched_engine = "vmap"
-    for t in range(3):
-        x, y = _cnn_data("cnn", 16, seed=100 + t)
-        vm.step(make_closure(vm, twins[0], nn.CrossEntropyLoss(), x, y))
+    vm = _steps("sam", twins[0], "cnn", params=groups(twins[0]), data=_cnn_data, engine="vmap")
     loop = _steps("sam", twins[1], "cnn", params=groups(twins[1]), data=_cnn_data, batched_m=False)
     assert opt.config["m_sharpness_engine"] == "direct" and vm.config["m_sharpness_engine"] == "vmap"
     _assert_same(model, opt, twins[0], vm)
@@ -409,24 +417,7 @@ def test_conv_engine_with_frozen_layers_equals_vmap_and_loop() -> None:
 @pytest.mark.parametrize("noise", [True, False])
 def test_bsam_conv_engine_equals_loop(noise: bool) -> None:
     torch.manual_seed(15)
-    model = _cnns()["lenet5"]().to(DT)
-    twin = copy.deepcopy(model)
-    opts = []
-    for net, batched in ((model, True), (twin, False)):
-        opt = BayesianSAM(net.parameters(), lr=0.1, num_data=1000, rho=0.05, m=4, noise=noise, seed=3,
-                          model=net, batched_m=batched)  # fmt: skip
-        for t in range(3):
-            x, y = _cnn_data("lenet5", 16, seed=200 + t)
-            opt.step(make_closure(opt, net, nn.CrossEntropyLoss(), x, y))
-        opts.append(opt)
-    assert opts[0].last["m_sharpness"] == "batched" and opts[0].config["m_sharpness_engine"] == "direct"
-    for pa, pb in zip(model.parameters(), twin.parameters()):
-        torch.testing.assert_close(pa, pb, atol=TOL, rtol=0)
-        for key in ("s", "exp_avg"):
-            torch.testing.assert_close(opts[0].state[pa][key], opts[1].state[pb][key], atol=TOL, rtol=0)
-    for key in ("loss", "loss_perturbed", "grad_norm", "eps_norm"):
-        a, b = torch.as_tensor(opts[0].last[key]), torch.as_tensor(opts[1].last[key])
-        torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+    _assert_bsam_direct_equals_loop(_cnns()["lenet5"]().to(DT), "lenet5", noise, _cnn_data)
 
 
 class _MyLeNet(LeNet5):  # a subclass may override forward: not assumed to be LeNet5

@@ -130,6 +130,7 @@ class AutoCompiledOperator(CurvatureOperator):
         self.compile_fn, self.compile_kwargs = compile_fn, compile_kwargs
         self.compiled: CompiledOperator | None = None
         self.width: int | None = None
+        self._sig: tuple | None = None  # the signature measured (set by the decision)
         self.state = "warming"  # -> "measuring" -> "compiled" | "eager"
         self.record: dict[str, Any] = {"products_planned": products, "decision": None}
 
@@ -149,7 +150,7 @@ class AutoCompiledOperator(CurvatureOperator):
         kind, dev = _kind(self.eager), self.device.type
         left = max(0, self.products - self.matvecs)
         t_e = seconds / k
-        sig = _signature(self.eager, k)
+        self._sig = sig = _signature(self.eager, k)  # the key of what this operator measures
         known = _MEASURED.get(sig, {})
         ratio = known.get("ratio", PRIOR_RATIO.get((kind, dev)))
         cost = known.get("compile_seconds", PRIOR_COMPILE_SECONDS.get(dev))
@@ -199,7 +200,7 @@ class AutoCompiledOperator(CurvatureOperator):
         t_c, t_e = seconds / k, self.record["eager_seconds_per_product"]
         ratio = t_c / t_e if t_e > 0 else float("inf")
         self.record.update(compiled_seconds_per_product=t_c, measured_ratio=ratio)
-        _MEASURED.setdefault(_signature(self.eager, k), {})["ratio"] = ratio
+        _MEASURED.setdefault(self._sig, {})["ratio"] = ratio
         if ratio >= 1.0:
             self.state = "eager"
             self.record.update(
@@ -234,9 +235,6 @@ class AutoCompiledOperator(CurvatureOperator):
         out = self.eager.matmat(V)
         self.matvecs += k
         return out
-
-    def _matmat(self, V: torch.Tensor) -> torch.Tensor:  # to_dense etc. go through matmat
-        return self.matmat(V)
 
     def config(self) -> dict[str, Any]:
         base = (

@@ -248,10 +248,8 @@ class TracerBase(torch.optim.Optimizer):
                 ]
             )
             values = host.tolist()
-        loss_value, pen, hv2, c2, g2, ok = (
-            values[0], values[1 : 1 + k], values[1 + k : 1 + 2 * k], values[1 + 2 * k : 1 + 3 * k],
-            values[1 + 3 * k : 1 + 4 * k], values[1 + 4 * k :],
-        )  # fmt: skip
+        loss_value, ok = values[0], values[1 + 4 * k :]
+        pen, hv2, c2, g2 = (values[1 + i * k : 1 + (i + 1) * k] for i in range(4))
         finite = math.isfinite(loss_value) and all(f == 1.0 for f in ok)
         if not finite:  # leave parameters, f_bar and the base optimizer's state as they were
             for p, gd in zip(params, gds):
