@@ -143,12 +143,12 @@ def loss(obj: Any, params: Any, differentiable: bool = True) -> torch.Tensor:
         _check_differentiable(obj, "loss")
     eager = not in_transform()
     with obj.guard(), _explain_vmap_batchnorm(obj):
-        full, bufs = obj._merge(params), obj.buffers()
+        full, bufs = obj.point(params), obj.buffers()
         total = torch.zeros((), dtype=obj.dtype, device=obj.device)
         for k, (x, y, w) in enumerate(obj.batches()):
             if not eager:
                 _check_data(obj, k)
-            lk = obj._batch_loss(full, bufs, x, y, w)
+            lk = obj.batch_loss(full, bufs, x, y, w)
             if eager:
                 obj._check_finite(lk, k, full)
             total = total + lk
@@ -161,11 +161,11 @@ def loss_and_gradient(obj: Any, params: Any) -> tuple[torch.Tensor, torch.Tensor
     _check_differentiable(obj, "gradient")
     eager = not in_transform()
     with obj.guard(), _explain_vmap_batchnorm(obj):
-        full, bufs = obj._merge(params), obj.buffers()
+        full, bufs = obj.point(params), obj.buffers()
         vec = obj.flatten(full)  # the selected entries, as a function of what was passed
 
         def batch_loss(v: torch.Tensor, x: Any, y: torch.Tensor, w: float) -> torch.Tensor:
-            return obj._batch_loss({**full, **obj.unflatten(v)}, bufs, x, y, w)
+            return obj.batch_loss({**full, **obj.unflatten(v)}, bufs, x, y, w)
 
         total = torch.zeros((), dtype=obj.dtype, device=obj.device)
         grad = torch.zeros(obj.num_params, dtype=obj.dtype, device=obj.device)

@@ -118,7 +118,7 @@ class DistributedObjective(Objective):
     def local_num_examples(self) -> int:
         return self._local_num_examples
 
-    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         dev = self._comm_device()
         return all_reduce_sum(t.to(dev), self.group).to(t.device)
 

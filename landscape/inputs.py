@@ -158,13 +158,13 @@ def _nonfinite(t: torch.Tensor) -> int:
 def scan_data(
     obj: Any, record: Callable[[Any, torch.Tensor], None] | None = None
 ) -> tuple[Any, torch.Tensor]:
-    """One pass over ``obj._data``: structure, devices, lengths, non-finite values and label ranges of
+    """One pass over ``obj.data``: structure, devices, lengths, non-finite values and label ranges of
     every batch.  Sets ``obj.batch_sizes``, ``obj._local_num_examples``, ``obj._data_issues`` (batch
     -> what is not finite, reported when that batch is evaluated) and ``obj._labels`` (batch, min,
     max of integer targets); ``record(inputs, targets)`` is called on every well-formed batch (the
     objective's fingerprint of the pass, ``landscape.data_fingerprint``); returns the first batch
     (for the validation pass)."""
-    data = obj._data
+    data = obj.data
     if isinstance(data, torch.Tensor) or not isinstance(data, Iterable):
         raise TypeError(
             "data must be one (inputs, targets) batch or a re-iterable of such batches "

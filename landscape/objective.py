@@ -152,14 +152,14 @@ class Objective:
         self.param_names = select_params(params, named, self._param_alias)
         shapes = dict(named)
         self.param_shapes = [shapes[n].shape for n in self.param_names]
-        self._numels = [int(math.prod(s)) for s in self.param_shapes]
-        self.num_params = int(sum(self._numels))
+        self.param_numels = [int(math.prod(s)) for s in self.param_shapes]
+        self.num_params = int(sum(self.param_numels))
 
         self.random_forward = False  # set by the validation pass
         self._mutated: set[str] = set()
-        self._batch_coupled: list[str] = []
+        self.batch_coupled: list[str] = []
         self._output_kind: str | None = None
-        self._data = [tuple(data)] if _is_single_batch(data) else data
+        self.data = [tuple(data)] if _is_single_batch(data) else data
         self._fingerprint = DataFingerprint()  # recorded by the scan, checked by every pass of batches()
         first = scan_data(self, self._fingerprint.record)
         self._kwargs_inputs = OF.resolve_input_mode(model, first[0], input_mode)
@@ -168,7 +168,8 @@ class Objective:
             self.check_determinism()
 
     @property
-    def _fixed_rng(self) -> bool:
+    def fixed_rng(self) -> bool:
+        """True when every forward re-seeds a forked RNG (``stochastic="fixed"`` on a random forward)."""
         return self.stochastic == "fixed" and self.random_forward
 
     @property
@@ -179,7 +180,8 @@ class Objective:
     def _weight(self, size: int) -> float:
         return size / self.num_examples if self.reduction == "mean" else 1.0
 
-    def _convert(self, t: torch.Tensor, cast: bool = True) -> torch.Tensor:
+    def convert(self, t: torch.Tensor, cast: bool = True) -> torch.Tensor:
+        """``t`` on the objective's device (and, if floating and ``cast``, its dtype)."""
         if cast and t.is_floating_point():
             return t.to(device=self.device, dtype=self.dtype)
         return t.to(device=self.device)
@@ -189,18 +191,18 @@ class Objective:
 
         Raises TypeError at the end of a pass with another number of examples than the scan, and
         ``DataChangedError`` at a batch that differs from it (one-shot, shuffled or changing data)."""
-        it = self._data
+        it = self.data
         if self.progress:
             from tqdm.auto import tqdm
 
             it = tqdm(it, total=len(self.batch_sizes), desc="batches", leave=False)
         seen = 0
         for k, (inputs, targets) in enumerate(it):
-            self._fingerprint.check(k, inputs, targets, self._data)
+            self._fingerprint.check(k, inputs, targets, self.data)
             seen += int(targets.shape[0])
             yield (
-                _map_inputs(inputs, self._convert),
-                self._convert(targets),
+                _map_inputs(inputs, self.convert),
+                self.convert(targets),
                 self._weight(int(targets.shape[0])),
             )
         if seen != self._local_num_examples:
@@ -216,7 +218,7 @@ class Objective:
         out = {}
         for n, p in self.model.named_parameters():
             d = p.detach()
-            t = self._convert(d)
+            t = self.convert(d)
             out[n] = t.clone() if copy and t is d else t  # .to() returns self when nothing changes
         return out
 
@@ -231,7 +233,7 @@ class Objective:
 
     def buffers(self) -> dict[str, torch.Tensor]:
         """Copies of the model's buffers (floating ones converted to the objective dtype)."""
-        return {n: self._convert(b.detach()).clone() for n, b in self.model.named_buffers()}
+        return {n: self.convert(b.detach()).clone() for n, b in self.model.named_buffers()}
 
     def flat_params(self) -> torch.Tensor:
         """The selected parameters as one flat ``[p]`` vector (a copy)."""
@@ -255,14 +257,14 @@ class Objective:
             )
         out, offset = {}, 0
         extra = tuple(vec.shape[1:])
-        for n, shape, numel in zip(self.param_names, self.param_shapes, self._numels):
+        for n, shape, numel in zip(self.param_names, self.param_shapes, self.param_numels):
             out[n] = vec[offset : offset + numel].reshape(*shape, *extra)
             offset += numel
         return out
 
-    def _merge(self, params: Any = None, copy: bool = False) -> dict[str, torch.Tensor]:
-        """Full parameter dict: current values, overridden by ``params`` (dict subset or flat vector);
-        with ``copy`` no entry aliases the model's own tensors."""
+    def point(self, params: Any = None, copy: bool = False) -> dict[str, torch.Tensor]:
+        """The point: the full parameter dict (selected and frozen), current values overridden by
+        ``params`` (dict subset or flat vector); with ``copy`` no entry aliases the model's tensors."""
         full = self._all_current(copy)
         if params is None:
             return full
@@ -313,30 +315,29 @@ class Objective:
                 self._output_kind = kind
         return pick_output(out, kind, self.output_fn)
 
-    def _call(self, full_params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], inputs):
-        if self._fixed_rng:
-            with forked_rng(self.device, self.seed):
-                return self._pick_output(self._functional(full_params, buffers, inputs))
-        return self._pick_output(self._functional(full_params, buffers, inputs))
-
     def call(self, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], inputs: Inputs):
         """Outputs for explicit parameter and buffer dicts (canonical names; every parameter and
-        buffer must be given): the functional call every evaluation of the objective uses (tied
-        slots, ``output_fn``, ``stochastic``), for evaluators that manage their own copies."""
-        return self._call(params, buffers, inputs)
+        buffer must be given, e.g. ``obj.point(...)`` and ``obj.buffers()``): the functional call every
+        evaluation of the objective uses (tied slots, ``output_fn``, ``stochastic="fixed"``'s
+        re-seeded RNG), for operators and evaluators that manage their own copies."""
+        if self.fixed_rng:
+            with forked_rng(self.device, self.seed):
+                return self._pick_output(self._functional(params, buffers, inputs))
+        return self._pick_output(self._functional(params, buffers, inputs))
 
     def forward(self, params: Any = None, inputs: Inputs | None = None) -> torch.Tensor:
         """Model outputs at ``params`` (missing names: copies of the current values) on ``inputs``."""
         if inputs is None:
             raise ValueError("forward needs inputs (a tensor, tuple or dict of tensors)")
-        with self._evaluating():
-            full = self._merge(params, copy=True)
-            return self._call(full, self.buffers(), _map_inputs(inputs, self._convert))
+        with self.evaluating():
+            full = self.point(params, copy=True)
+            return self.call(full, self.buffers(), _map_inputs(inputs, self.convert))
 
-    def _batch_loss(self, full_params, buffers, inputs, targets, weight):
-        return weight * self.loss_fn(self._call(full_params, buffers, inputs), targets)
+    def batch_loss(self, full_params, buffers, inputs, targets, weight):
+        """One batch's weighted loss ``w_k l(f(X_k), y_k)`` from explicit parameter/buffer dicts."""
+        return weight * self.loss_fn(self.call(full_params, buffers, inputs), targets)
 
-    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over data-parallel ranks (identity here; see ``landscape.distributed``)."""
         return t
 
@@ -346,7 +347,7 @@ class Objective:
         if not bool(torch.isfinite(value).all()):
             raise ValueError(V.nonfinite_message(self, value, k, full))
 
-    def _require_fixed(self, what: str, per_example: bool = False) -> None:
+    def require_fixed(self, what: str, per_example: bool = False) -> None:
         """Refuse to build curvature operators on non-finite data or a random forward."""
         V.require_fixed(self, what, per_example)
 
@@ -357,7 +358,7 @@ class Objective:
         if OF.tracked(params):
             return OF.loss(self, params)
         with torch.no_grad():
-            return self._all_reduce(OF.loss(self, params, differentiable=False))
+            return self.all_reduce(OF.loss(self, params, differentiable=False))
 
     def loss_and_gradient(self, params: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Whole-dataset loss and its gradient ``[p]`` w.r.t. the selected parameters (differentiable
@@ -365,7 +366,7 @@ class Objective:
         if OF.tracked(params):
             return OF.loss_and_gradient(self, params)
         with self.guard():
-            full = self._merge(params)
+            full = self.point(params)
             leaves = {n: full[n].detach().requires_grad_(True) for n in self.param_names}
             full.update(leaves)
             bufs = self.buffers()
@@ -374,7 +375,7 @@ class Objective:
             names = self.param_names
             for k, (x, y, w) in enumerate(self.batches()):
                 with torch.enable_grad():
-                    lk = self._batch_loss(full, bufs, x, y, w)
+                    lk = self.batch_loss(full, bufs, x, y, w)
                 self._check_finite(lk, k, full)
                 gs = torch.autograd.grad(lk, [leaves[n] for n in names], allow_unused=True)
                 V.check_gradient(names, gs, k, lk)
@@ -385,7 +386,7 @@ class Objective:
                     ]
                 )
                 total = total + lk.detach()
-            return self._all_reduce(total), self._all_reduce(grad)
+            return self.all_reduce(total), self.all_reduce(grad)
 
     def gradient(self, params: Any = None) -> torch.Tensor:
         """Gradient ``[p]`` of the whole-dataset loss w.r.t. the selected parameters."""
@@ -395,12 +396,12 @@ class Objective:
         """``dict(loss=..., accuracy=...)``; accuracy for class-label or 0/1 targets, else ``None``."""
         OF.refuse_transform("evaluate", "it returns Python floats; use obj.loss(params)")
         with self.guard(), torch.no_grad():
-            full, bufs = self._merge(params), self.buffers()
+            full, bufs = self.point(params), self.buffers()
             total = torch.zeros((), dtype=self.dtype, device=self.device)
             correct = torch.zeros((), dtype=torch.float64, device=self.device)
             classify = True
             for k, (x, y, w) in enumerate(self.batches()):
-                out = self._call(full, bufs, x)
+                out = self.call(full, bufs, x)
                 lk = w * self.loss_fn(out, y)
                 self._check_finite(lk, k, full)
                 total = total + lk
@@ -410,8 +411,8 @@ class Objective:
                 else:
                     correct = correct + c
             # always the same collectives on every rank (see landscape.distributed)
-            total = self._all_reduce(total)
-            stats = self._all_reduce(
+            total = self.all_reduce(total)
+            stats = self.all_reduce(
                 torch.stack(
                     [correct, torch.tensor(0.0 if classify else 1.0, device=self.device, dtype=torch.float64)]
                 )
@@ -443,7 +444,7 @@ class Objective:
         """Same model/data/settings, another parameter selection."""
         kw = self._kwargs()
         kw["params"] = params
-        return type(self)._rebuild(self, self._data, kw)
+        return type(self)._rebuild(self, self.data, kw)
 
     def with_data(self, data: Any) -> Objective:
         """Same model/settings/selection, other data."""
@@ -487,7 +488,7 @@ class Objective:
 
     # ------------------------------------------------------------------ model safety
     @contextlib.contextmanager
-    def _evaluating(self) -> Iterator[None]:
+    def evaluating(self) -> Iterator[None]:
         """Put every module in the objective's mode; restore every module's own flag afterwards
         (also those the forward itself switched, e.g. MC dropout's ``self.drop.train()``)."""
         want = self.mode == "train"
@@ -508,5 +509,5 @@ class Objective:
         every module slot; restore bit-exactly, also when the body raises
         (:func:`landscape.guard.model_guard`); the model is additionally put into the objective's
         mode for the duration of the block."""
-        with model_guard(self.model, self._all_param_objs, self._modules), self._evaluating():
+        with model_guard(self.model, self._all_param_objs, self._modules), self.evaluating():
             yield

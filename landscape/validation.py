@@ -154,9 +154,9 @@ def require_fixed(obj: Any, what: str, per_example: bool = False) -> None:
     ``stochastic="fixed"``) or, for per-example gradients, couples the examples of a batch."""
     for k, issue in obj._data_issues.items():
         raise ValueError(data_issue_message(k, issue, "the data of"))
-    if per_example and obj._batch_coupled:
+    if per_example and obj.batch_coupled:
         raise ValueError(
-            f"BatchNorm layer(s) {obj._batch_coupled} run in train mode (batch statistics), which "
+            f"BatchNorm layer(s) {obj.batch_coupled} run in train mode (batch statistics), which "
             f"couples the examples of a batch: per-example gradients ({what}) are not defined; use "
             "mode='eval' (running statistics)"
         )
@@ -346,14 +346,14 @@ def validate_first_batch(obj: Any, inputs: Any, targets: torch.Tensor) -> None:
     """Run the model and the loss once on the first batch (on copies, in the objective's mode) and
     turn any mismatch into a clear error.  Also records whether the forward draws random numbers
     (``obj.random_forward``) and how its output is turned into a tensor (``obj._output_kind``)."""
-    x = _map_inputs(inputs, obj._convert)
-    y = obj._convert(targets)
-    full = obj._merge(None, copy=True)
+    x = _map_inputs(inputs, obj.convert)
+    y = obj.convert(targets)
+    full = obj.point(None, copy=True)
     for n in obj.param_names:
         full[n] = full[n].detach().requires_grad_(True)
     bufs = obj.buffers()
     versions = {n: t._version for n, t in [*full.items(), *bufs.items()]}
-    with obj._evaluating(), forked_rng(obj.device), torch.enable_grad():
+    with obj.evaluating(), forked_rng(obj.device), torch.enable_grad():
         before = rng_state(obj.device)
         with _module_stack(obj.model) as (stack, coupled):
             try:
@@ -370,7 +370,7 @@ def validate_first_batch(obj: Any, inputs: Any, targets: torch.Tensor) -> None:
         # tensors the forward writes to in place (BatchNorm statistics in train mode, a forward that
         # mutates a parameter): every later forward gets private clones of them
         obj._mutated = {n for n, t in [*full.items(), *bufs.items()] if t._version != versions[n]}
-        obj._batch_coupled = sorted(set(coupled))
+        obj.batch_coupled = sorted(set(coupled))
         obj.random_forward = any(not torch.equal(a, b) for a, b in zip(before, rng_state(obj.device)))
         out = obj._pick_output(raw, first=True)
         _check_targets(obj, out, y)
@@ -413,9 +413,9 @@ def _check_batch_of_one(obj: Any, x: Any) -> None:
         return
     k = obj.batch_sizes.index(1)
     one = _map_inputs(x, lambda t: t[:1] if t.ndim > 0 else t)
-    with obj._evaluating(), forked_rng(obj.device), torch.no_grad(), _module_stack(obj.model) as (stack, _):
+    with obj.evaluating(), forked_rng(obj.device), torch.no_grad(), _module_stack(obj.model) as (stack, _):
         try:
-            obj._functional(obj._merge(None, copy=True), obj.buffers(), one)
+            obj._functional(obj.point(None, copy=True), obj.buffers(), one)
         except ValueError as err:
             if "more than 1 value per channel" not in str(err):
                 raise
@@ -442,9 +442,9 @@ def check_determinism(obj: Any, rtol: float = 1e-6) -> bool:
 
     def one_pass():
         with obj.guard(), torch.no_grad():
-            full = obj._merge(None)
+            full = obj.point(None)
             return [
-                (len(y), float(obj._batch_loss(full, obj.buffers(), x, y, w))) for x, y, w in obj.batches()
+                (len(y), float(obj.batch_loss(full, obj.buffers(), x, y, w))) for x, y, w in obj.batches()
             ]
 
     a, b = one_pass(), one_pass()

@@ -149,7 +149,7 @@ def test_fisher_worst_case_one_step_is_fsam_eq10():
 
 def test_m_sharpness_is_weighted_mean_of_per_batch_worst_cases():
     obj, net, loss_at = logistic_problem()
-    x, y = torch.cat([b[0] for b in obj._data]), torch.cat([b[1] for b in obj._data])
+    x, y = torch.cat([b[0] for b in obj.data]), torch.cat([b[1] for b in obj.data])
     rho, m = 0.3, 8
     r = sharpness(obj, "worst_case", rho=rho, solver="one_step", m=m)
     w0 = net.lin.weight.detach().reshape(-1)

@@ -198,8 +198,8 @@ def test_perturbation_robustness_curve():
     # accuracy curve on a classifier
     obj, net, loss_at = logistic_problem()
     r = sharpness(obj, "perturbation_robustness", alphas=[0.0, 2.0])
-    x = torch.cat([bb[0] for bb in obj._data])
-    y = torch.cat([bb[1] for bb in obj._data])
+    x = torch.cat([bb[0] for bb in obj.data])
+    y = torch.cat([bb[1] for bb in obj.data])
     w0 = net.lin.weight.detach().reshape(-1)
     gr = torch.func.grad(lambda W: loss_at(W))(w0)
     w2 = w0 + 2.0 * gr / gr.norm()

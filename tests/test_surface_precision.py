@@ -268,7 +268,7 @@ def test_flags_and_model_restored_also_on_error(f32_setup, odd_flags):
             assert legacy_flags() == odd_flags and not torch.is_autocast_enabled("cpu")
             assert_same(model, snap)
         loss = Boom()
-        bobj = Objective(model, loss, obj._data)
+        bobj = Objective(model, loss, obj.data)
         loss.armed = True
         for prec, flags, autocast in (
             ("float32", (False, False, "highest"), False),

@@ -174,9 +174,9 @@ class CurvatureOperator:
             raise TypeError(f"expected a landscape.Objective, got {type(objective).__name__}")
         self._budget = make_budget(max_memory, objective.device, self.name)
         # non-finite data, or a forward drawing random numbers without stochastic="fixed": refuse
-        objective._require_fixed(self.name.replace("_", " "), per_example=self._uses_per_example)
+        objective.require_fixed(self.name.replace("_", " "), per_example=self._uses_per_example)
         self.objective = objective
-        full = objective._merge(params)
+        full = objective.point(params)
         # private copies: products never touch (or alias) the caller's parameters
         self._theta = {n: full[n].detach().clone() for n in objective.param_names}
         self._frozen = {n: t.detach().clone() for n, t in full.items() if n not in self._theta}
@@ -202,7 +202,7 @@ class CurvatureOperator:
         """``[p, k]`` -> dict name -> ``[k, *shape]``."""
         obj = self.objective
         out, off = {}, 0
-        for n, shape, numel in zip(obj.param_names, obj.param_shapes, obj._numels):
+        for n, shape, numel in zip(obj.param_names, obj.param_shapes, obj.param_numels):
             out[n] = V[off : off + numel].T.reshape(V.shape[1], *shape)
             off += numel
         return out
@@ -236,10 +236,10 @@ class CurvatureOperator:
         # the model, so only the train/eval flags need restoring (every module's, also those the
         # forward switches itself): a full ``guard()`` snapshot per product would cost a copy of the
         # model every time.  Attention runs on the math SDPA backend (second-order AD, see above).
-        with self.objective._evaluating(), product_kernels():
+        with self.objective.evaluating(), product_kernels():
             budget = self._budget
             out = self._matmat(V) if budget is None else budget.run(V, self._matmat, self._path_key)
-        out = self.objective._all_reduce(out)
+        out = self.objective.all_reduce(out)
         self._check_finite(out)
         self.matvecs += V.shape[1]
         return out
@@ -250,7 +250,7 @@ class CurvatureOperator:
             return
         rows = ~torch.isfinite(out).all(dim=1)
         obj, names, off = self.objective, [], 0
-        for n, numel in zip(obj.param_names, obj._numels):
+        for n, numel in zip(obj.param_names, obj.param_numels):
             if bool(rows[off : off + numel].any()):
                 names.append(n)
             off += numel

@@ -172,7 +172,7 @@ class CompiledOperator(CurvatureOperator):
 
         def hessian_block(theta, frozen, bufs, x, y, V):
             def loss(th):
-                return obj.loss_fn(obj._call({**frozen, **th}, bufs, x), y)
+                return obj.loss_fn(obj.call({**frozen, **th}, bufs, x), y)
 
             g = func_grad(loss)
             return vmap(lambda t: jvp(g, (theta,), (t,))[1], randomness="same")(V)
@@ -184,7 +184,7 @@ class CompiledOperator(CurvatureOperator):
 
         def ggn_block(theta, frozen, bufs, x, V, h_apply):
             def f(th):
-                return obj._call({**frozen, **th}, bufs, x)
+                return obj.call({**frozen, **th}, bufs, x)
 
             JV = vmap(lambda t: jvp(f, (theta,), (t,))[1], randomness="same")(V)
             _, vjp_fn = vjp(f, theta)
@@ -199,7 +199,7 @@ class CompiledOperator(CurvatureOperator):
             with torch.no_grad():
                 full = self._full(self._theta)
                 for x, y, _ in obj.batches():
-                    h, kind = output_hessian(obj.loss_fn, obj._call(full, self._bufs, x).detach(), y)
+                    h, kind = output_hessian(obj.loss_fn, obj.call(full, self._bufs, x).detach(), y)
                     hs.append(h)
                     self.output_hessian_kind = kind
             self._h = hs
@@ -246,7 +246,7 @@ class CompiledOperator(CurvatureOperator):
         gen = torch.Generator().manual_seed(self.seed)
         probe = torch.randn(self.shape[0], self.probe_width, generator=gen, dtype=torch.float64)
         probe = probe.to(device=self.device, dtype=self.dtype)
-        with self.objective._evaluating(), math_attention():
+        with self.objective.evaluating(), math_attention():
             try:
                 out = self._run(probe)
             except Exception as err:  # noqa: BLE001 - any compile failure: eager from now on

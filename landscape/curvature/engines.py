@@ -127,13 +127,13 @@ class HVPEngine:
             raise ValueError(f"graph_chunks must be 'auto' or a positive int, got {graph_chunks!r}")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size}")
-        objective._require_fixed("hessian")
+        objective.require_fixed("hessian")
         self._budget = make_budget(max_memory, objective.device, "hessian")
         self.objective = objective
         self.engine = engine
         self.chunk_size = chunk_size
         self.fd_eps = fd_eps
-        full = objective._merge(params)
+        full = objective.point(params)
         own = (lambda t: t.detach().clone()) if copy else (lambda t: t.detach())
         self._theta = {n: own(full[n]) for n in objective.param_names}
         self._frozen = {n: own(t) for n, t in full.items() if n not in self._theta}
@@ -146,7 +146,7 @@ class HVPEngine:
         self._graph: list[tuple[list[torch.Tensor], list[torch.Tensor], list[int]]] | None = None
         self.fallback_reason: str | None = None
         self._offsets = [0]
-        for numel in objective._numels:
+        for numel in objective.param_numels:
             self._offsets.append(self._offsets[-1] + numel)
         if engine == "auto":
             self.engine_used = "double_backward" if objective.device.type == "cpu" else "forward_over_reverse"
@@ -169,7 +169,7 @@ class HVPEngine:
         """``[p, k]`` -> dict of ``[k, *shape]``."""
         obj = self.objective
         out, off = {}, 0
-        for n, shape, numel in zip(obj.param_names, obj.param_shapes, obj._numels):
+        for n, shape, numel in zip(obj.param_names, obj.param_shapes, obj.param_numels):
             out[n] = V[off : off + numel].T.reshape(V.shape[1], *shape)
             off += numel
         return out
@@ -217,14 +217,14 @@ class HVPEngine:
 
     def _matmat(self, V: torch.Tensor) -> torch.Tensor:
         if self._paths is not None:
-            with self.objective._evaluating(), product_kernels():
+            with self.objective.evaluating(), product_kernels():
                 out = self._paths.run(V, self._run_path)
             self.engine_used = self._paths.choice[width_class(int(V.shape[1]))]
             self.fallback_reason = self._paths.failed.get("forward_over_reverse")
             return out
         if self.engine == "auto" and self.objective.device.type != "cpu" and self.fallback_reason is None:
             self.engine_used = "forward_over_reverse" if V.shape[1] >= AUTO_BLOCK else "double_backward"
-        with self.objective._evaluating(), product_kernels():
+        with self.objective.evaluating(), product_kernels():
             if self.engine_used == "forward_over_reverse" and self.engine == "auto":
                 try:
                     return self._forward_over_reverse(V)
@@ -253,9 +253,9 @@ class HVPEngine:
         for x, y, w in obj.batches():
 
             def batch_loss(sel, x=x, y=y, w=w):
-                return w * obj.loss_fn(obj._call({**self._frozen, **sel}, bufs, x), y)
+                return w * obj.loss_fn(obj.call({**self._frozen, **sel}, bufs, x), y)
 
-            if k == 1 or obj._fixed_rng:
+            if k == 1 or obj.fixed_rng:
                 # single probes: autograd's forward AD through one backward pass (below); for
                 # stochastic="fixed" also blocks, one probe at a time: every forward re-seeds, but a
                 # random op under vmap may draw its mask differently (on CUDA dropout is not the fused
@@ -299,7 +299,7 @@ class HVPEngine:
         params = {**self._frozen, **dict(zip(obj.param_names, leaves))}
         counter = saved_tensor_bytes() if record is not None else contextlib.nullcontext({})
         with torch.enable_grad(), counter as storages:
-            loss = w * obj.loss_fn(obj._call(params, bufs, x), y)
+            loss = w * obj.loss_fn(obj.call(params, bufs, x), y)
             grads = torch.autograd.grad(loss, leaves, create_graph=True, allow_unused=True)
         if record is not None:
             record["loss"] = float(loss.detach())
@@ -347,7 +347,7 @@ class HVPEngine:
         ``8 sqrt(n) eps``); an explicit ``graph_chunks`` raises instead."""
         obj = self.objective
         with torch.no_grad():
-            full = float(w * obj.loss_fn(obj._call({**self._frozen, **self._theta}, bufs, x), y))
+            full = float(w * obj.loss_fn(obj.call({**self._frozen, **self._theta}, bufs, x), y))
         total = sum(losses)
         scale = max(abs(full), sum(abs(v) for v in losses))
         if abs(total - full) <= 8.0 * math.sqrt(int(y.shape[0])) * torch.finfo(obj.dtype).eps * scale:
@@ -376,8 +376,8 @@ class HVPEngine:
         coupled = None
         if obj.random_forward:
             coupled = "the forward draws random numbers (its masks depend on the batch shape)"
-        elif obj._batch_coupled:
-            coupled = f"BatchNorm layer(s) {obj._batch_coupled} use batch statistics (mode='train')"
+        elif obj.batch_coupled:
+            coupled = f"BatchNorm layer(s) {obj.batch_coupled} use batch statistics (mode='train')"
         elif torch.finfo(obj.dtype).bits < 32:
             coupled = f"{obj.dtype} is too coarse to check that the example losses add up"
         if coupled is None:
@@ -475,7 +475,7 @@ class HVPEngine:
         for x, y, w in obj.batches():
 
             def batch_loss(sel, x=x, y=y, w=w):
-                return w * obj.loss_fn(obj._call({**self._frozen, **sel}, bufs, x), y)
+                return w * obj.loss_fn(obj.call({**self._frozen, **sel}, bufs, x), y)
 
             g = obj.flatten(func_grad(batch_loss)(theta))
             total = g if total is None else total + g

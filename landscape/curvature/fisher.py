@@ -166,7 +166,7 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         tol = min(1e-2, 1e3 * eps) * max(1.0, float(out.abs().max()))
         with torch.no_grad():
             for i in sorted({0, B - 1}):
-                alone = obj._call(full, bufs, _map_inputs(x, lambda t, i=i: t[i : i + 1]))
+                alone = obj.call(full, bufs, _map_inputs(x, lambda t, i=i: t[i : i + 1]))
                 if alone.shape != out[i : i + 1].shape or float((alone - out[i : i + 1]).abs().max()) > tol:
                     raise _NotSeparable(
                         f"row {i} of the batch output differs from the output of example {i} alone "
@@ -201,7 +201,7 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
 
         def li(sel, xi, yi):
             xb = _map_inputs(xi, lambda t: t.unsqueeze(0))
-            return loss_fn(obj._call(self._full(sel), bufs, xb), yi.unsqueeze(0))
+            return loss_fn(obj.call(self._full(sel), bufs, xb), yi.unsqueeze(0))
 
         B = int(y.shape[0])
         if self._pe_state.get("vmap", True):
@@ -359,7 +359,7 @@ class FisherOperator(EmpiricalFisherOperator):
             bufs = obj.buffers()
             full = self._full(self._theta)
             for x, _, _ in obj.batches():
-                f = obj._call(full, bufs, x)
+                f = obj.call(full, bufs, x)
                 self._terms = terms_per_example(self.likelihood, f.shape[1:])
                 t = sample_targets(f, self.likelihood, self.samples, gen)
                 dtype = torch.long if self.likelihood == "categorical" else obj.dtype

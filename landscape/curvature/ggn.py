@@ -158,7 +158,7 @@ class _Linearised:
         obj = op.objective
         self.k, self.x, self.y = k, x, y
         self.bufs = obj.buffers()
-        self.f = lambda sel: obj._call(op._full(sel), self.bufs, x)
+        self.f = lambda sel: obj.call(op._full(sel), self.bufs, x)
         self.w = op._batch_weight(w)
         self.h_apply: Callable | None = None
         self.kind: str | None = None
@@ -337,7 +337,7 @@ class OutputSpaceOperator(CurvatureOperator):
         self.num_params_bytes = objective.num_params * torch.empty((), dtype=self.dtype).element_size()
         # stochastic="fixed": every forward re-seeds, but a random op under vmap may draw its mask
         # differently from the plain forward (on CUDA), so the columns go one by one
-        self._state: dict[str, Any] = {"vmap": False} if objective._fixed_rng else {}
+        self._state: dict[str, Any] = {"vmap": False} if objective.fixed_rng else {}
         self._linearised: list[_Linearised] | None = None
 
     # ------------------------------------------------------------------ to implement
@@ -371,7 +371,7 @@ class OutputSpaceOperator(CurvatureOperator):
         return torch.cat(
             [
                 g.reshape(k, -1) if g is not None else torch.zeros(k, n, dtype=self.dtype, device=self.device)
-                for g, n in zip(gs, obj._numels)
+                for g, n in zip(gs, obj.param_numels)
             ],
             dim=1,
         )
@@ -383,7 +383,7 @@ class OutputSpaceOperator(CurvatureOperator):
         if first:
             total = torch.empty(obj.num_params, dtype=self.dtype, device=self.device)
         off = 0
-        for g, numel in zip(gs, obj._numels):
+        for g, numel in zip(gs, obj.param_numels):
             seg = total[off : off + numel]
             if g is None:
                 if first:

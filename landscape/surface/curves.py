@@ -153,7 +153,7 @@ def _make_optimizer(optimizer: Any, leaves: list[torch.Tensor], lr: float, momen
 def _batch_stream(obj, batch_size: int | None, gen: torch.Generator) -> Iterable[tuple[Any, torch.Tensor]]:
     """Endless minibatches: seeded random subsets of one batch (``batch_size``), seeded random picks
     from a list of batches, or a re-iterable (DataLoader) cycled in its own order."""
-    in_memory = isinstance(obj._data, (list, tuple))
+    in_memory = isinstance(obj.data, (list, tuple))
     if batch_size is not None:
         ((x, y, _),) = list(obj.batches())
         n = int(y.shape[0])
@@ -232,7 +232,7 @@ def fit_curve(
         output_fn=output_fn,
         reduction=reduction,
     )
-    if batch_size is not None and not (isinstance(obj._data, (list, tuple)) and len(obj._data) == 1):
+    if batch_size is not None and not (isinstance(obj.data, (list, tuple)) and len(obj.data) == 1):
         raise ValueError(
             "batch_size applies to one (inputs, targets) batch of tensors; with a list of batches or a "
             "DataLoader leave batch_size=None (one batch per step)"
@@ -253,7 +253,7 @@ def fit_curve(
             raise ValueError(
                 f"init lacks parameters or has other shapes at {missing[:5]}; pass a model like model_a"
             )
-        pc = {n: obj._convert(torch.as_tensor(src[n]).detach()).clone() for n in names}
+        pc = {n: obj.convert(torch.as_tensor(src[n]).detach()).clone() for n in names}
     trainable = [n for n, p in model_a.named_parameters() if p.requires_grad]
     leaves = {n: pc[n].clone().requires_grad_(True) for n in trainable}
     opt = _make_optimizer(optimizer, list(leaves.values()), lr, momentum, weight_decay)

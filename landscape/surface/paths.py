@@ -98,11 +98,11 @@ def _check_pair(model_a: Any, model_b: Any) -> None:
 
 def _end_state(obj, model: nn.Module, what: str) -> tuple[Tensors, Tensors]:
     """Copies of ``model``'s parameters and buffers in the objective's dtype/device."""
-    params = {n: obj._convert(p.detach()).clone() for n, p in model.named_parameters()}
+    params = {n: obj.convert(p.detach()).clone() for n, p in model.named_parameters()}
     bad = [n for n, p in params.items() if not bool(torch.isfinite(p).all())]
     if bad:
         raise ValueError(f"{what} has NaN or inf parameters ({bad[:5]}); a path from it is undefined")
-    buffers = {n: obj._convert(b.detach()).clone() for n, b in model.named_buffers()}
+    buffers = {n: obj.convert(b.detach()).clone() for n, b in model.named_buffers()}
     return params, buffers
 
 
@@ -132,7 +132,7 @@ def recompute_bn(obj: Any, params: Any = None, buffers: Mapping[str, torch.Tenso
     Returns:
         A new dict name -> tensor of all buffers (the objective's dtype/device).
     """
-    full = obj._merge(params, copy=True)
+    full = obj.point(params, copy=True)
     out = {n: t.clone() for n, t in (obj.buffers() if buffers is None else buffers).items()}
     bns = _tracked_bn(obj.model)
     if not bns:

@@ -144,7 +144,7 @@ def plane(
                           reduction="auto")  # fmt: skip
     pa, _ = _end_state(obj, model_a, "model_a")
     pb, _ = _end_state(obj, model_b, "model_b")
-    pc = {n: obj._convert(t) for n, t in _param_dict(bend, "bend").items()}
+    pc = {n: obj.convert(t) for n, t in _param_dict(bend, "bend").items()}
     return _plane_on(
         obj, pa, pb, pc, kind=kind, coords=coords, grid=grid, margin=margin, normalize=normalize,
         bn_policy=bn_policy, n_curve=n_curve, progress=progress,
@@ -158,7 +158,7 @@ def curve_plane(curve: Curve, *, data: Any = None, **kwargs: Any) -> Plane:
     if not isinstance(curve, Curve):
         raise TypeError(f"curve_plane takes a Curve from fit_curve, got {type(curve).__name__}")
     obj = curve.objective if data is None else curve.objective.with_data(data)
-    now = {n: obj._convert(p.detach()) for n, p in curve.model.named_parameters()}
+    now = {n: obj.convert(p.detach()) for n, p in curve.model.named_parameters()}
     if any(not torch.equal(now[n], curve.theta_a[n]) for n in curve.names):
         raise ValueError(
             "model_a changed since the curve was fitted, so the surface's origin would not be the "

@@ -186,7 +186,7 @@ class _Laplace:
         ``J(x) Sigma J(x)^T`` ``[B, C, C]`` (``C = 1`` for one logit; Immer, Korzepa, Bauer 2021)."""
         obj = self.objective
         with obj.guard(), torch.no_grad():
-            x = _map_inputs(inputs, obj._convert)
+            x = _map_inputs(inputs, obj.convert)
             return self._function_space(x)
 
     def predictive(
@@ -307,15 +307,15 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
     def _jacobian(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[B, C]`` and per-example Jacobians ``[B, C, P]`` at ``theta*``."""
         obj = self.objective
-        full, bufs = obj._merge(None), obj.buffers()
+        full, bufs = obj.point(None), obj.buffers()
         sel = {n: full[n] for n in obj.param_names}
         frozen = {n: t for n, t in full.items() if n not in sel}
-        out = obj._call(full, bufs, x)
+        out = obj.call(full, bufs, x)
         self._output_ndim = out.ndim
         f = _logits(out, self.likelihood)
 
         def one(s, xi):
-            out = obj._call({**frozen, **s}, bufs, _map_inputs(xi, lambda t: t.unsqueeze(0)))
+            out = obj.call({**frozen, **s}, bufs, _map_inputs(xi, lambda t: t.unsqueeze(0)))
             return out.reshape(-1)
 
         jac = vmap(jacrev(one), in_dims=(None, 0), chunk_size=self.chunk_size)(sel, x)
@@ -460,7 +460,7 @@ class LastLayerLaplace(_Laplace):
 
         handle = self.layer.register_forward_hook(hook)
         try:
-            out = obj._call(obj._merge(None), obj.buffers(), x)
+            out = obj.call(obj.point(None), obj.buffers(), x)
         finally:
             handle.remove()
         if "phi" not in seen or seen["out"].shape != out.shape or not torch.equal(seen["out"], out):
