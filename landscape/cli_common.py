@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from landscape.data import load_dataset
+
 DASH = " — "
 
 
@@ -345,7 +347,6 @@ DATA_HELP = (
 
 def load_data(spec: str, split: str | None, limit: int | None, default_split: str) -> tuple[Any, Any]:
     """``--data`` (``digits:test`` is a split shorthand), ``--split`` and ``--limit`` -> ``(x, y)``."""
-    from landscape.data import load_dataset
 
     name, _, rest = spec.partition(":")
     if name.lower() in ("digits", "digits-image") and rest:

@@ -23,11 +23,11 @@ import torch
 from torch import nn
 
 from landscape.cli_common import CliError, UsageError, note, one_line
+from landscape.models import available_models, model_factory
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """``--model``, ``--model-arg``, ``--model-kwargs``, ``--state-dict`` (same for every command)."""
-    from landscape.models import available_models
 
     parser.add_argument(
         "--model",
@@ -98,7 +98,6 @@ def parse_model_args(items: Sequence[str] | None, kwargs_json: str | None = None
 
 def build_model(spec: str, kwargs: Mapping[str, Any]) -> nn.Module:
     """A model from a registered name or ``module:function``, called with ``kwargs``."""
-    from landscape.models import available_models, model_factory
 
     kwargs = dict(kwargs)
     signature = ""
@@ -259,7 +258,6 @@ def _mlp_args(sizes: Sequence[int], bias: bool) -> str:
 
 def suggest_model(state: Mapping[str, torch.Tensor]) -> str:
     """How to build a model the state dict fits: MLP sizes, or a registered model's defaults."""
-    from landscape.models import available_models, model_factory
 
     found = mlp_sizes(state)
     if found is not None:

@@ -15,6 +15,7 @@ from landscape.sharpness.common import (
     make_scale,
     mean_and_stderr,
 )
+from landscape.surface.directions import random as random_direction
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,7 +77,6 @@ def filter_normalized_direction(
     filter is a slice along dim 0 of a parameter with >= 2 dims), drawn by
     :func:`landscape.surface.directions.random`. 1-D parameters (biases, BN) get a zero direction
     (``ignore_bias_bn=True``, Li et al.'s default) or the weights themselves."""
-    from landscape.surface.directions import random as random_direction
 
     d = random_direction(obj.unflatten(w), "filter", ignore_1d=True if ignore_bias_bn else "weight", seed=gen)
     return obj.flatten(d).to(w)

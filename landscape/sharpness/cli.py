@@ -20,6 +20,7 @@ from landscape.cli_common import (
     positive_int,
 )
 from landscape.cli_models import add_model_options, load_model, parse_model_args
+from landscape.objective import Objective
 from landscape.sharpness.api import _FUNCTIONS, MEASURES
 from landscape.sharpness.report import sharpness_report
 
@@ -55,7 +56,6 @@ _LOSSES = {
 
 
 def _run_cli(args: argparse.Namespace) -> int:
-    from landscape.objective import Objective
 
     measures = [m.strip() for m in args.measures.split(",") if m.strip()]
     bad = [m for m in measures if m not in _FUNCTIONS]

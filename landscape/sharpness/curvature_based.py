@@ -9,6 +9,11 @@ from typing import Any
 import torch
 
 from landscape.checks import check_seed
+from landscape.curvature import likelihoods as L
+from landscape.curvature.eigen import eigenvalues
+from landscape.curvature.ggn import ggn
+from landscape.curvature.hessian import hessian
+from landscape.curvature.trace import trace
 from landscape.sharpness.common import (
     Ctx,
     check_choice,
@@ -38,8 +43,6 @@ def lambda_max(
     by restarted Lanczos (``landscape.eigenvalues``) on the Hessian operator. ``k > 1`` also returns
     the top-``k`` in ``extra``. A pair is converged when its true residual is below
     ``tol * |lambda|`` (the smallest: below ``tol * lambda_max``); the flags are in ``extra``."""
-    from landscape.curvature import hessian
-    from landscape.curvature.eigen import eigenvalues
 
     check_positive("k", k, integer=True)
     check_positive("tol", tol)
@@ -73,7 +76,6 @@ def lambda_max(
 
 
 def _trace_of(ctx: Ctx, op, method: str, rtol: float, max_matvecs: int, seed: Any) -> dict[str, Any]:
-    from landscape.curvature.trace import trace
 
     res = trace(op, method=method, rtol=rtol, max_matvecs=max_matvecs, seed=seed)
     ctx.counts["hvp"] += int(op.matvecs)
@@ -92,7 +94,6 @@ def hessian_trace(
 ) -> dict[str, Any]:
     """``Tr H`` with a standard error (Hutchinson / Hutch++ / XTrace, ``landscape.curvature.trace``) and the
     per-parameter average ``Tr(H)/p`` in ``extra``."""
-    from landscape.curvature import hessian
 
     return _trace_of(ctx, hessian(ctx.obj), method, rtol, max_matvecs, seed)
 
@@ -102,7 +103,6 @@ def ggn_trace(
 ) -> dict[str, Any]:
     """``Tr G`` of the generalised Gauss-Newton matrix ``sum_k w_k J_k^T H_out J_k`` (randomised
     trace estimator with a standard error; ``method="exact"`` for ``p`` matvecs)."""
-    from landscape.curvature import ggn
 
     return _trace_of(ctx, ggn(ctx.obj), method, rtol, max_matvecs, seed)
 
@@ -130,7 +130,6 @@ def fisher_trace(
         value = float(per_example_gradients(ctx).sum())
         extra = {"trace_per_param": value / ctx.p}
         return {"value": value, "stderr": None, "config": {"kind": kind}, "extra": extra}
-    from landscape.curvature import likelihoods as L
 
     check_positive("samples", samples, integer=True)
     if samples < 2:

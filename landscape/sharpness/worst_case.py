@@ -22,6 +22,7 @@ from landscape.sharpness.common import (
     check_positive,
     make_generator,
     make_scale,
+    per_example_gradients,
     split_data,
     sub_batch_weights,
 )
@@ -310,8 +311,6 @@ def fisher_worst_case(
     if fisher == "gradient":
         f = ctx.gradient() ** 2
     else:
-        from landscape.sharpness.common import per_example_gradients
-
         f = per_example_gradients(ctx, square_sum=True)
     c = (1.0 + eta * f).rsqrt()
     out = worst_case(
