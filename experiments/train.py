@@ -56,6 +56,7 @@ from experiments.methods import build_optimizer, check_run, inner_optimizer
 from experiments.parallel import DistContext
 from experiments.schedules import FactorSchedule, NoSchedule, lr_factor
 from landscape.cli_common import interrupts_deferred
+from landscape.models import model_factory
 
 __all__ = ["STEP_HOOK", "Trainer", "build_model", "check_model", "lr_factor"]
 
@@ -72,13 +73,7 @@ def build_model(cfg: dict[str, Any], seed: int, dtype: torch.dtype, device: torc
     a ``bayesian`` table on the method, its ``nn.Linear`` / ``nn.Conv2d`` layers converted to
     Bayesian layers (:func:`optimizers.convert_to_bayesian`) whose noise generator is seeded with
     ``seed + BAYES_SEED_OFFSET``."""
-    from landscape.models import available_models, model_factory
-
-    name = cfg["model"]["name"]
-    if name not in available_models():
-        raise ConfigError(
-            f"model.name {name!r} is not a registered model; available: {', '.join(available_models())}"
-        )
+    name = cfg["model"]["name"]  # a registered model: checked once, by experiments.runner.validate
     try:
         model = model_factory(name, seed=seed, **cfg["model"]["kwargs"])
     except TypeError as exc:

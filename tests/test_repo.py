@@ -45,33 +45,66 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+#: every package of the tree, and the folders whose scripts import one another by bare name (the
+#: app's pages put ``app/`` on ``sys.path`` and import ``dashboard``; the docs scripts import their
+#: siblings as ``claims``, ``claim_list``, ...)
+GRAPH_PACKAGES = (
+    "landscape", "optimizers", "toy_problems", "experiments", "app", "sharpscape", "benchmarks", "docs",
+)  # fmt: skip
+SCRIPT_ROOTS = ("app", "docs")
+
+
+def _import_targets(node: ast.AST, mod: str, is_pkg: bool, files: dict[str, Path]) -> list[str]:
+    """The modules an ``import`` / ``from ... import`` statement names, as dotted names from the
+    repository root (``importlib.import_module`` is dispatch by name, not a dependency: left out)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+            anchor = anchor[: len(anchor) - node.level + 1]
+            base = ".".join(anchor + ([base] if base else []))
+        else:
+            base = _resolve(base, mod, files)
+        # ``from pkg import submodule`` depends on the submodule, not on the package
+        subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in files]
+        return subs if len(subs) == len(node.names) else [base] + subs
+    return []
+
+
+def _resolve(name: str, mod: str, files: dict[str, Path]) -> str:
+    """``name`` as imported from ``mod``: a script under a :data:`SCRIPT_ROOTS` folder finds its
+    siblings by bare name (``dashboard.network`` is ``app.dashboard.network``)."""
+    root = mod.split(".")[0]
+    if root in SCRIPT_ROOTS and name not in files and f"{root}.{name}".split(".")[0] == root:
+        head = f"{root}.{name.split('.')[0]}"
+        if head in files:
+            return f"{root}.{name}"
+    return name
+
+
 def _import_graph() -> dict[str, set[str]]:
-    """File-level import graph of the three packages, lazy (function-level) imports included."""
-    files = {
-        _module_name(p): p
-        for pkg in ("landscape", "optimizers", "toy_problems")
-        for p in (ROOT / pkg).rglob("*.py")
-    }
+    """File-level import graph of the whole tree, lazy (function-level) and ``TYPE_CHECKING``
+    imports included."""
+    files = {_module_name(p): p for pkg in GRAPH_PACKAGES for p in (ROOT / pkg).rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in files}
     for mod, path in files.items():
         is_pkg = path.name == "__init__.py"
         for node in ast.walk(ast.parse(path.read_text())):
-            targets = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    anchor = anchor[: len(anchor) - node.level + 1]
-                    base = ".".join(anchor + ([base] if base else []))
-                # ``from pkg import submodule`` depends on the submodule, not on the package
-                subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in files]
-                targets = subs if len(subs) == len(node.names) else [base] + subs
-            for t in targets:
+            for t in _import_targets(node, mod, is_pkg, files):
+                t = _resolve(t, mod, files)
                 if t in files and t != mod:
                     graph[mod].add(t)
     return graph
+
+
+def test_the_import_graph_sees_every_package_and_the_script_imports():
+    graph = _import_graph()
+    assert {m.split(".")[0] for m in graph} == set(GRAPH_PACKAGES)
+    assert "app.dashboard.layout" in graph["app.dashboard.network_plots"]  # relative import
+    assert "app.dashboard" in graph["app.Home"]  # ``from dashboard import ...`` under app/
+    assert "docs.claim" in graph["docs.claim_list"]  # ``from claim import ...`` under docs/
 
 
 def test_no_import_cycles_between_files():

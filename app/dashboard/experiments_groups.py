@@ -2,7 +2,7 @@
 (one directory ``<out_dir>/<name>`` of ``python -m experiments run`` each, the runner's layout
 ``<out_dir>/<name>/[<variant>/]<method>/seed<k>/``) and shows one table per experiment, as
 ``python -m experiments table <out_dir>/<name>`` prints it; the settings in which the experiments
-differ (:func:`experiments.runner.run_settings` of their configs, e.g. ``data.label_noise``) label
+differ (:func:`experiments.run_identity.run_settings` of their configs, e.g. ``data.label_noise``) label
 them. Training curves are coloured per (experiment, method), with one line style per experiment.
 
 Widget state belongs to the directory it was chosen in (:func:`state_key`): another directory gets
@@ -20,7 +20,7 @@ from typing import Any
 
 from plotly.colors import qualitative
 
-from experiments.runner import run_settings
+from experiments.run_identity import run_settings
 from experiments.table import aggregate
 
 from .experiments_view import color_of
