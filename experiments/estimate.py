@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from experiments import train as train_module
-from experiments.config import apply_budget
+from experiments.budget import apply_budget
 from experiments.data import prepare_data
 from experiments.evaluate import evaluate_run
 from experiments.members import member_seed

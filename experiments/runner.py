@@ -27,7 +27,6 @@ import socket
 import subprocess
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 
 from experiments import run_identity
+from experiments._moved import moved_names
 from experiments.checkpoint import check_checkpoint
 from experiments.config import ConfigError, resolve_config, set_key
 from experiments.data import check_splits
@@ -55,24 +55,25 @@ from landscape.results import Result
 
 __all__ = ["Run", "RunResult", "environment", "plan_runs", "run_one", "validate"]
 
-#: names that moved to :mod:`experiments.run_identity` (importable from here, with a warning, for
-#: one release)
-_MOVED = (
-    "semantic_config", "run_settings", "fingerprint", "_LATER_KEYS", "_LATER_METHOD_KEYS",
-    "_LATER_SWAG_KEYS", "_TRAIN_NOT_SEMANTIC", "_NOT_SEMANTIC", "_EVAL_ONLY",
-)  # fmt: skip
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        warnings.warn(
-            f"experiments.runner.{name} moved to experiments.run_identity.{name}; "
-            "import it from there (the old name goes in the next release)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(run_identity, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: names that moved to :mod:`experiments.run_identity`: importable from here, with a warning, for one
+#: release
+__getattr__ = moved_names(
+    __name__,
+    dict.fromkeys(
+        (
+            "semantic_config",
+            "run_settings",
+            "fingerprint",
+            "_LATER_KEYS",
+            "_LATER_METHOD_KEYS",
+            "_LATER_SWAG_KEYS",
+            "_TRAIN_NOT_SEMANTIC",
+            "_NOT_SEMANTIC",
+            "_EVAL_ONLY",
+        ),  # fmt: skip
+        "experiments.run_identity",
+    ),
+)
 
 
 @dataclass

@@ -31,7 +31,6 @@ import csv
 import io
 import json
 import math
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ import numpy as np
 import tomllib
 
 from experiments import run_identity
+from experiments._moved import moved_names
 from landscape.io import atomic_write, atomic_write_text, read_json, to_jsonable
 
 __all__ = [
@@ -52,16 +52,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "run_settings":  # moved: importable from here, with a warning, for one release
-        warnings.warn(
-            "experiments.table.run_settings moved to experiments.run_identity.run_settings; import it "
-            "from there (the old name goes in the next release)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return run_identity.run_settings
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: moved to :mod:`experiments.run_identity`: importable from here, with a warning, for one release
+__getattr__ = moved_names(__name__, {"run_settings": "experiments.run_identity"})
 
 
 _ID_KEYS = ("method", "seed", "variant", "status")

@@ -23,7 +23,7 @@ from plotly.colors import qualitative
 from experiments.run_identity import run_settings
 from experiments.table import aggregate
 
-from .experiments_view import color_of
+from .experiments_view import color_of, default_reliability_runs
 
 __all__ = [
     "DASHES",
@@ -221,8 +221,6 @@ MAX_RELIABILITY = 8
 def default_reliability(tables: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The diagram's default runs: per table row (experiment by experiment), the first completed
     run with a checkpoint, at most :data:`MAX_RELIABILITY`."""
-    from .experiments_view import default_reliability_runs
-
     out = [d for entries in tables.values() for d in default_reliability_runs(entries)]
     return out[:MAX_RELIABILITY]
 
