@@ -11,7 +11,8 @@ Each run has a directory ``<out_dir>/<name>/[<variant>/]<method>/seed<k>/`` hold
 * ``metrics.json`` (the flat row of the results table) and ``results.json`` (a :class:`RunResult`:
   every metric, the CIFAR-10-C table, the sharpness rows, the history, the environment).
 
-A run whose ``results.json`` records the same configuration is skipped; one with a checkpoint
+A run whose ``results.json`` records the same configuration (its fingerprint,
+:mod:`experiments.run_identity`) is skipped; one with a checkpoint
 resumes from it; a checkpoint of another configuration or of other data is refused, and so is a run
 directory whose ``config.toml`` / ``results.json`` record another configuration in any key that can
 change a result (:mod:`experiments.run_check`) or that another runner holds (:mod:`experiments.run_lock`).
