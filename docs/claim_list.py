@@ -10,8 +10,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from claim import Claim
 from claim_list_products import CLAIMS as PRODUCT_CLAIMS
-from claims import Claim
 
 README = ("README.md",)
 FIGURES = "python -m toy_problems figures --only {name} --out {{out}}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from claims import Claim
+from claim import Claim
 
 README = ("README.md",)
 RESNET_MLP = "benchmarks/results/products_cpu.json"

@@ -31,42 +31,14 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from claim import Claim
+
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = ROOT / "docs" / "claims.json"
-
-Extract = Callable[[Any], float] | str
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One quoted result (see the module docstring).
-
-    ``values``: name -> a dotted path into the JSON (``runs.SAM.end.0``) or a function of the
-    loaded JSON; ``quote``: the quoting text with ``{name:format}`` fields (whitespace is matched
-    loosely, negative numbers are written with the typographic minus ``−``); ``rerun``: the command
-    that writes ``source`` under ``{out}`` (``None``: a measurement, not re-run; ``a && b`` runs
-    both, each must exit with a status in ``ok_status``); ``tolerance``: absolute difference allowed
-    per value on a re-run.
-    """
-
-    id: str
-    source: str
-    values: dict[str, Extract]
-    quote: str
-    files: tuple[str, ...]
-    inputs: tuple[str, ...]
-    rerun: str | None = None
-    tolerance: float = 0.0
-    cost: str = "expensive"
-    notes: str = ""
-    minus: str = "−"
-    ok_status: tuple[int, ...] = (0,)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------- reading

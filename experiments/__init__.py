@@ -7,7 +7,9 @@
 
 * :mod:`experiments.config`: TOML configs, dotted overrides, defaults, checks and ``budget``;
 * :mod:`experiments.runner`: the grid of runs (sweep variants x methods x seeds) and the files of
-  each run; :mod:`experiments.train`: one run (checkpointed every epoch, resumable bit-exactly);
+  each run; :mod:`experiments.run_identity`: which run a configuration is (its result-relevant
+  settings and fingerprint); :mod:`experiments.train`: one run (checkpointed every epoch,
+  resumable bit-exactly);
 * :mod:`experiments.methods`: optimizers by name; :mod:`experiments.closures`: the closure each
   optimizer needs (mean loss, per-example losses for VOGN, the NLL for F-SGVB);
   :mod:`experiments.members`: deep ensembles (member runs, resumable one by one);

@@ -3,7 +3,7 @@
 ``precision``: ``float32`` (no autocast), ``float64`` (model and data in double, no autocast),
 ``bf16`` (``torch.autocast`` with bfloat16; no scaling, bfloat16 has float32's range; the choice on
 CPU) or ``fp16`` (autocast with float16 and the dynamic loss scale of
-:class:`optimizers.amp.LossScaler`, unscaled inside the closure; re-exported here).
+:class:`optimizers.amp.LossScaler`, unscaled inside the closure).
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ from typing import Any
 
 import torch
 
-from optimizers.amp import LossScaler, SkipStep
+from experiments._moved import moved_names
 
-__all__ = ["LossScaler", "SkipStep", "autocast_context", "param_dtype"]  # the scaler: optimizers.amp
+__all__ = ["autocast_context", "param_dtype"]
+
+#: the loss scaler is :mod:`optimizers.amp`'s: importable from here, with a warning, for one release
+__getattr__ = moved_names(__name__, dict.fromkeys(("LossScaler", "SkipStep"), "optimizers.amp"))
 
 
 def param_dtype(precision: str) -> torch.dtype:

@@ -21,7 +21,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from experiments.config import ConfigError, load_config
+from experiments.divergence import DivergenceRecord
+from experiments.estimate import device_name, estimate_runs, format_estimate
+from experiments.parallel import from_environment
+from experiments.runner import plan_runs, resolve_device, run_one, validate
+from experiments.table import aggregate, collect_runs, format_table, plot_table, write_text
+from experiments.toml_writer import dumps
 from landscape.cli_common import CliError, Parser, Terminated, UsageError, add_debug_option, note, run_cli
+from sharpscape.resources import format_config_list, resolve_config
 
 __all__ = ["main"]
 
@@ -95,13 +103,6 @@ def _parser(prog: str = "python -m experiments") -> Parser:
 
 
 def _run(args: Any) -> int:
-    from experiments.config import ConfigError, load_config
-    from experiments.parallel import from_environment
-    from experiments.runner import plan_runs, resolve_device, run_one, validate
-    from experiments.table import aggregate, format_table
-    from experiments.toml_writer import dumps
-    from sharpscape.resources import format_config_list, resolve_config
-
     if args.list_configs:
         study = f"{args.prog}.study" if args.prog.endswith("experiments") else f"{args.prog} study"
         print(format_config_list(f"{args.prog} run", study), end="")
@@ -189,8 +190,6 @@ def _run(args: Any) -> int:
 
 def _estimate(runs: list[Any], device: Any, steps: int) -> int:
     """``--estimate``: the projected time of every run (:mod:`experiments.estimate`); writes nothing."""
-    from experiments.estimate import device_name, estimate_runs, format_estimate
-
     note(f"estimating {len(runs)} runs: {steps} timed steps per (variant, method) on {device}")
     estimates = estimate_runs(runs, device=device, steps=steps)
     print(format_estimate(estimates, device_name(device), steps=steps), end="")
@@ -201,8 +200,6 @@ def _estimate(runs: list[Any], device: Any, steps: int) -> int:
 
 def _report_diverged(diverged: list[tuple[Any, dict[str, Any]]], total: int) -> None:
     """One ``diverged:`` line per run on stderr, then exit status 3 (see the module docstring)."""
-    from experiments.divergence import DivergenceRecord
-
     sys.stdout.flush()
     for r, rec in diverged:
         known = {k: v for k, v in rec.items() if k in DivergenceRecord.__dataclass_fields__}
@@ -217,8 +214,6 @@ def _report_diverged(diverged: list[tuple[Any, dict[str, Any]]], total: int) -> 
 
 
 def _table(args: Any) -> int:
-    from experiments.table import aggregate, collect_runs, format_table, plot_table, write_text
-
     try:
         rows = collect_runs(args.runs)
     except FileNotFoundError as exc:

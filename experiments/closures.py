@@ -27,9 +27,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.amp import LossScaler, autocast_context
+from experiments.amp import autocast_context
 from experiments.config import ConfigError
 from experiments.parallel import DistContext
+from optimizers import VOGN, BayesianSAM, FlatSGVB
+from optimizers.amp import LossScaler
+from optimizers.perturbation import PerturbationOptimizer
 
 __all__ = ["CONTRACTS", "ClosureFactory", "Contract", "contract_of", "register_contract"]
 
@@ -64,8 +67,6 @@ def register_contract(cls: type, contract: Contract) -> None:
 
 
 def _register_suite() -> None:
-    from optimizers import VOGN, FlatSGVB
-
     per_example = Contract(
         closure="per_example_losses", independent_examples=True, loss_scaling=False, data_parallel=False
     )
@@ -91,9 +92,6 @@ def contract_of(fn: Any) -> Contract:
 def pass_detector(ctx: DistContext, inner: Any, method_name: str) -> tuple[Callable[[], bool] | None, Any]:
     """For ``perturbation = "local"``: a function telling whether the closure call is the pass at
     ``w`` (not all-reduced) of a two-pass method, and a ``reset()`` for the start of each step."""
-    from optimizers import BayesianSAM
-    from optimizers.perturbation import PerturbationOptimizer
-
     if not (ctx.data_parallel and ctx.perturbation == "local"):
         return None, None
     if isinstance(inner, PerturbationOptimizer) and inner.passes == 2:

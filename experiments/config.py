@@ -31,20 +31,21 @@ from typing import Any
 
 import tomllib
 
-from experiments.budget import apply_budget, data_limit
+from experiments._moved import moved_names
 
 __all__ = [
     "CHOICES",
     "DEFAULTS",
     "ConfigError",
-    "apply_budget",
     "apply_overrides",
-    "data_limit",
     "load_config",
     "parse_override",
     "resolve_config",
     "set_key",
 ]
+
+#: the budget rule is :mod:`experiments.budget`'s: importable from here, with a warning, for one release
+__getattr__ = moved_names(__name__, dict.fromkeys(("apply_budget", "data_limit"), "experiments.budget"))
 
 
 class ConfigError(ValueError):

@@ -19,7 +19,10 @@ from typing import Any
 
 import torch
 
-from experiments.config import ConfigError, data_limit
+from experiments.budget import data_limit
+from experiments.config import ConfigError
+from landscape.cli_common import note
+from landscape.data import asymmetric_label_noise, load_dataset, symmetric_label_noise
 
 __all__ = [
     "CIFAR10C_GROUPS",
@@ -131,14 +134,10 @@ def _check_overlap(cfg: dict[str, Any], x_tr: torch.Tensor, x_te: torch.Tensor) 
             f"{what}: the test accuracy would be measured partly on training examples; choose disjoint "
             "splits, or set data.allow_test_as_train = true to do this on purpose"
         )
-    from landscape.cli_common import note
-
     note(f"{what} (exact duplicates, tolerated below {100 * OVERLAP_TOLERANCE:g} %)")
 
 
 def _load(spec: str, split: str, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    from landscape.data import load_dataset
-
     x, y = load_dataset(spec, split, **kwargs)
     if len(y) == 0:
         raise ValueError(f"data set {spec!r} (split {split!r}) holds no examples; choose another split")
@@ -173,8 +172,6 @@ def make_noise(labels: torch.Tensor, num_classes: int, d: dict[str, Any], seed: 
     *other* class), ``uniform`` (each label redrawn from all classes with probability ``rate``) or
     ``asymmetric`` (CIFAR-10 class pairs of Patrini et al. 2017); seeded by ``label_noise_seed``
     (``-1``: the run's seed)."""
-    from landscape.data import asymmetric_label_noise, symmetric_label_noise
-
     noise_seed = seed if d["label_noise_seed"] < 0 else d["label_noise_seed"]
     mode, rate = d["label_noise_mode"], d["label_noise"]
     if mode == "asymmetric":

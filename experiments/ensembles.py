@@ -39,6 +39,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from optimizers import SWAG, FlatSGLD
+from optimizers.bayes.mc_dropout import dropout_modules, seeded_global_rng
+from optimizers.bayes.sgvb import bayes_layers, use_mean
+from optimizers.bayes.swag import has_batchnorm
+from optimizers.posterior import DiagonalGaussianPosterior
+
 __all__ = [
     "Members",
     "bma_with_method",
@@ -63,8 +69,6 @@ class Members:
 
 def point_context(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
     """The mean network of a model with Bayesian layers; a null context otherwise."""
-    from optimizers.bayes.sgvb import bayes_layers, use_mean
-
     return use_mean(model) if bayes_layers(model) else contextlib.nullcontext()
 
 
@@ -115,8 +119,6 @@ def _state_set(model: nn.Module, state: dict[str, torch.Tensor]) -> Iterator[Non
 def _bayes_sample(model: nn.Module, gen: torch.Generator) -> Iterator[None]:
     """The Bayesian layers of ``model`` compute with one weight sample ``mu + softplus(rho) * eps``
     inside the block (the means are restored bit-exactly)."""
-    from optimizers.bayes.sgvb import bayes_layers, use_mean
-
     saved: list[tuple[torch.Tensor, torch.Tensor]] = []
     try:
         with torch.no_grad():
@@ -145,11 +147,6 @@ def sample_contexts(
 ) -> list[Context] | None:
     """One context manager factory per posterior sample (see the module docstring); ``None`` for
     an optimizer without a posterior of a known kind."""
-    from optimizers import SWAG, FlatSGLD
-    from optimizers.bayes.sgvb import bayes_layers
-    from optimizers.bayes.swag import has_batchnorm
-    from optimizers.posterior import DiagonalGaussianPosterior
-
     if isinstance(opt, Members):
         return [lambda s=s: _state_set(model, s) for s in opt.states]
 
@@ -242,8 +239,6 @@ def mc_dropout_probs(
     (:func:`optimizers.bayes.mc_dropout.seeded_global_rng`) and the ``S`` passes run sample by
     sample, batch by batch inside a pass. The caller's RNG state and every module's mode are
     restored."""
-    from optimizers.bayes.mc_dropout import dropout_modules, seeded_global_rng
-
     drops = dropout_modules(model)
     if not drops:
         raise ValueError("mc_dropout_probs: the model has no dropout module; set model.kwargs.dropout > 0")

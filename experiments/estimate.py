@@ -35,6 +35,16 @@ from typing import Any
 
 import torch
 
+from experiments import train as train_module
+from experiments.budget import apply_budget
+from experiments.data import prepare_data
+from experiments.evaluate import evaluate_run
+from experiments.members import member_seed
+from experiments.parallel import DistContext
+from experiments.run_identity import fingerprint
+from experiments.runner import validate
+from experiments.train import Trainer
+
 __all__ = ["Estimate", "estimate_runs", "format_estimate"]
 
 WARMUP_STEPS = 3
@@ -93,8 +103,6 @@ def device_name(device: torch.device) -> str:
 def time_steps(trainer: Any, *, steps: int, warmup: int = WARMUP_STEPS) -> list[float]:
     """Milliseconds of ``steps`` training steps of ``trainer`` after ``warmup`` untimed ones (as many
     epochs of ``Trainer._train_epoch`` as needed, stopped by the step hook)."""
-    from experiments import train as train_module
-
     device = trainer.device
     stamps: list[float] = []
     needed = warmup + steps + 1  # a step lasts from one hook call to the next
@@ -158,13 +166,6 @@ def _eval_config(cfg: dict[str, Any]) -> dict[str, Any]:
 def _estimate_one(
     run: Any, *, device: torch.device, steps: int, warmup: int, data_cache: dict, tmp: Path
 ) -> Any:
-    from experiments.data import prepare_data
-    from experiments.evaluate import evaluate_run
-    from experiments.members import member_seed
-    from experiments.parallel import DistContext
-    from experiments.runner import fingerprint, validate
-    from experiments.train import Trainer
-
     validate([run])
     cfg = run.cfg
     ensemble = cfg["methods"][0]["ensemble"]
@@ -172,8 +173,6 @@ def _estimate_one(
     seed = member_seed(run.seed, 0, members) if ensemble else run.seed
     key = _data_key(cfg, run.seed)
     if key not in data_cache:  # a failure to load is kept too: the data are tried once
-        from experiments.config import apply_budget
-
         try:
             data_cache[key] = prepare_data(apply_budget(cfg), run.seed)
         except Exception as exc:  # noqa: BLE001 - reported in the row of every method using them

@@ -13,7 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
+import landscape as ls
 from experiments.data import CIFAR10C_GROUPS, RunData, _subset, corruption_limit, corruption_root
+from experiments.divergence import check_predictions
 from experiments.ensembles import (
     Members,
     bma_with_method,
@@ -23,8 +25,13 @@ from experiments.ensembles import (
     predict_probs,
     sample_contexts,
 )
+from landscape import metrics
+from landscape.data import CIFAR10C_ALL_CORRUPTIONS, load_cifar10c
+from landscape.sharpness import MEASURES
+from optimizers import SWAG
+from optimizers.bayes.swag import has_batchnorm
 
-__all__ = ["evaluate_run", "predict_probs", "sharpness_measures"]
+__all__ = ["evaluate_run", "sharpness_measures"]
 
 #: Default options of the sharpness measures a config names (label -> (measure, options)).
 SHARPNESS_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -44,9 +51,6 @@ def _evaluate(
 ) -> dict[str, Any]:
     """The metrics of ``probs``; non-finite probabilities raise
     :class:`experiments.divergence.Diverged` (the run diverged) naming ``what`` was predicted."""
-    from experiments.divergence import check_predictions
-    from landscape import metrics
-
     check_predictions(probs, what or "evaluation set")
     check_predictions(probs_ood, f"{what or 'evaluation'}, OOD set")
     return metrics.evaluate(probs, y, probs_ood=probs_ood, n_bins=n_bins)
@@ -54,8 +58,6 @@ def _evaluate(
 
 def sharpness_measures(cfg: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """``(label, measure, options)`` of every sharpness measure the config names."""
-    from landscape.sharpness import MEASURES
-
     out = []
     extra = cfg["evaluation"]["sharpness_options"]
     for label in cfg["evaluation"]["sharpness"]:
@@ -76,8 +78,6 @@ def sharpness_measures(cfg: dict[str, Any]) -> list[tuple[str, str, dict[str, An
 def _sharpness(
     model: nn.Module, data: RunData, cfg: dict[str, Any], device: torch.device, progress: bool
 ) -> dict[str, Any]:
-    import landscape as ls
-
     specs = sharpness_measures(cfg)
     if not specs:
         return {}
@@ -116,8 +116,6 @@ def _corruption_sets(
 ) -> dict[str, Callable]:
     """``"c10c/<corruption>/<severity>" -> loader`` of the configured CIFAR-10-C sets; each loader
     stores the set's labels in ``labels``."""
-    from landscape.data import CIFAR10C_ALL_CORRUPTIONS, load_cifar10c
-
     e = cfg["evaluation"]
     if not e["corruptions"]:
         return {}
@@ -183,9 +181,6 @@ def evaluate_run(
     model with Bayesian layers ``evaluation.bma_samples`` weight samples, its point metrics (and
     sharpness) those of the mean network.
     """
-    from optimizers import SWAG
-    from optimizers.bayes.swag import has_batchnorm
-
     e = cfg["evaluation"]
     bs = e["batch_size"]
     swag = cfg["methods"][0]["swag"]

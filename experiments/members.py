@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 
-from experiments.config import apply_budget
+from experiments.budget import apply_budget
 from experiments.data import RunData, prepare_data
 from experiments.divergence import Diverged
 from experiments.ensembles import Members
 from experiments.parallel import DistContext
+from experiments.train import Trainer
 
 __all__ = ["EnsembleTrainer", "member_dirs", "member_seed"]
 
@@ -73,8 +74,6 @@ class EnsembleTrainer:
         self.opt: Members | None = None
 
     def _member(self, k: int) -> Any:
-        from experiments.train import Trainer
-
         return Trainer(
             self.raw_cfg,
             self.dirs[k],

@@ -43,8 +43,11 @@ import torch
 from torch import nn
 
 import optimizers as opt_pkg
+from experiments.closures import contract_of
 from experiments.config import ConfigError
+from optimizers import SWAG, FlatSGLD
 from optimizers.perturbation import PerturbationOptimizer
+from optimizers.posterior import DiagonalGaussianPosterior
 
 __all__ = [
     "ALIASES",
@@ -265,8 +268,6 @@ def _check_values(method: dict[str, Any], fn: Callable[..., Any], values: dict[s
 def check_method(method: dict[str, Any]) -> tuple[Callable[..., Any], set[str], bool]:
     """Resolve ``method["optimizer"]`` and check its hyperparameter names; returns ``(constructor,
     accepted names, accepts anything)``. Raises :class:`ConfigError`."""
-    from experiments.closures import contract_of
-
     fn = resolve_optimizer(method["optimizer"])
     hyper = dict(method["hyperparameters"])
     accepted, anything = _accepted(fn, hyper)
@@ -289,9 +290,6 @@ def check_method(method: dict[str, Any]) -> tuple[Callable[..., Any], set[str], 
 
 def _own_posterior(fn: Any) -> bool:
     """Whether the optimizer learns a posterior of its own (a Gaussian, SWAG, F-SGLD's samples)."""
-    from optimizers import SWAG, FlatSGLD
-    from optimizers.posterior import DiagonalGaussianPosterior
-
     return isinstance(fn, type) and issubclass(fn, (DiagonalGaussianPosterior, FlatSGLD, SWAG))
 
 
@@ -300,8 +298,6 @@ def check_run(cfg: dict[str, Any]) -> Any:
     run's settings; returns the :class:`experiments.closures.Contract`. Raises :class:`ConfigError`
     naming the problem and the fix (checks that need the model or the process group are in the
     trainer)."""
-    from experiments.closures import contract_of
-
     method = cfg["methods"][0]
     fn, _, _ = check_method(method)
     contract = contract_of(fn)

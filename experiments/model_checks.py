@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from experiments.config import ConfigError
+from landscape.models import model_factory
 
 __all__ = ["check_model_data", "data_classes"]
 
@@ -65,8 +66,6 @@ def _input_fix(cfg: dict[str, Any], layer: nn.Module | None, shape: tuple[int, .
 def _forward(cfg: dict[str, Any], shape: tuple[int, ...]) -> torch.Tensor:
     """The model's output for two examples of ``shape`` (on ``meta``; on the CPU where an operation
     has no meta kernel)."""
-    from landscape.models import model_factory
-
     name, kwargs = cfg["model"]["name"], cfg["model"]["kwargs"]
     try:
         model = model_factory(name, device="meta", **kwargs).eval()
@@ -87,8 +86,6 @@ def check_model_data(cfg: dict[str, Any], data: Any) -> None:
             the examples' shape) or has fewer outputs than the data has classes; each message names
             the ``model.kwargs`` to set.
     """
-    from landscape.models import model_factory
-
     shape = tuple(int(s) for s in data.x_train.shape[1:])
     spec = f"data.name {cfg['data']['name']!r}"
     try:

@@ -2,7 +2,7 @@
 
 Before a run writes anything, :func:`check_run_dir` compares its configuration with the one the
 directory records, in ``config.toml`` (written when a run starts) and ``results.json`` (written when
-it ends), in every key that can change a result (:func:`experiments.runner.run_settings`: everything
+it ends), in every key that can change a result (:func:`experiments.run_identity.run_settings`: everything
 but ``progress``, ``out_dir``, ``device``, ``threads``, ``paper``, ``name`` and the seed, which the
 directory's path holds), evaluation keys included. Any difference is refused (``ValueError`` naming
 each differing key as a dotted path with both values, and the fix: another ``out_dir``, or delete
@@ -23,6 +23,8 @@ from typing import Any
 
 import tomllib
 
+from experiments.run_identity import fingerprint, hashed_default, run_settings
+
 __all__ = ["check_run_dir", "config_differences"]
 
 _MAX_SHOWN = 8
@@ -30,9 +32,7 @@ _ABSENT = "(absent)"
 
 
 def _settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """:func:`experiments.runner.run_settings` of ``cfg``, as plain JSON values."""
-    from experiments.runner import run_settings
-
+    """:func:`experiments.run_identity.run_settings` of ``cfg``, as plain JSON values."""
     return json.loads(json.dumps(run_settings(cfg), default=str))
 
 
@@ -52,16 +52,8 @@ def _show(key: str, v: Any) -> str:
     """``v`` as JSON; an absent key that the hash leaves out at its default shows that default."""
     if v != _ABSENT:
         return json.dumps(v, ensure_ascii=False)
-    from experiments.runner import _LATER_KEYS, _LATER_METHOD_KEYS, _LATER_SWAG_KEYS
-
-    parts = key.split(".")
-    if len(parts) == 2 and parts[1] in _LATER_KEYS.get(parts[0], {}):
-        return json.dumps(_LATER_KEYS[parts[0]][parts[1]])
-    if len(parts) == 3 and parts[0] == "methods" and parts[2] in _LATER_METHOD_KEYS:
-        return "{}"
-    if len(parts) == 4 and parts[0] == "methods" and parts[2] == "swag" and parts[3] in _LATER_SWAG_KEYS:
-        return json.dumps(_LATER_SWAG_KEYS[parts[3]])
-    return v
+    default = hashed_default(key, _ABSENT)
+    return _ABSENT if default is _ABSENT else json.dumps(default)
 
 
 _PRODUCTS = ("checkpoint.pt", "results.json", "metrics.json", "log.jsonl", "log.csv")
@@ -84,8 +76,6 @@ def _refuse(run_dir: Path, source: str, diffs: list[tuple[str, Any, Any]]) -> Va
 def check_run_dir(run: Any) -> None:
     """Raise ``ValueError`` if ``run.run_dir``'s ``config.toml`` or ``results.json`` records another
     configuration than ``run.cfg`` (see the module docstring)."""
-    from experiments.runner import fingerprint
-
     run_dir = Path(run.run_dir)
     toml = run_dir / "config.toml"
     if toml.is_file() and _has_products(run_dir):

@@ -11,7 +11,8 @@ Each run has a directory ``<out_dir>/<name>/[<variant>/]<method>/seed<k>/`` hold
 * ``metrics.json`` (the flat row of the results table) and ``results.json`` (a :class:`RunResult`:
   every metric, the CIFAR-10-C table, the sharpness rows, the history, the environment).
 
-A run whose ``results.json`` records the same configuration is skipped; one with a checkpoint
+A run whose ``results.json`` records the same configuration (its fingerprint,
+:mod:`experiments.run_identity`) is skipped; one with a checkpoint
 resumes from it; a checkpoint of another configuration or of other data is refused, and so is a run
 directory whose ``config.toml`` / ``results.json`` record another configuration in any key that can
 change a result (:mod:`experiments.run_check`) or that another runner holds (:mod:`experiments.run_lock`).
@@ -20,9 +21,7 @@ change a result (:mod:`experiments.run_check`) or that another runner holds (:mo
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
-import json
 import os
 import platform
 import socket
@@ -36,19 +35,46 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from experiments import run_identity
+from experiments._moved import moved_names
 from experiments.checkpoint import check_checkpoint
-from experiments.config import resolve_config, set_key
+from experiments.config import ConfigError, resolve_config, set_key
+from experiments.data import check_splits
+from experiments.divergence import Diverged, DivergenceRecord
+from experiments.evaluate import evaluate_run, sharpness_measures
+from experiments.members import EnsembleTrainer, member_dirs
+from experiments.methods import check_run
 from experiments.parallel import DistContext
+from experiments.run_check import check_run_dir
+from experiments.run_lock import run_dir_lock
 from experiments.toml_writer import dumps
+from experiments.train import Trainer, check_model
+from landscape.data import CIFAR10C_ALL_CORRUPTIONS
 from landscape.io import atomic_write_json, atomic_write_text, read_json
+from landscape.models import available_models, model_factory
 from landscape.results import Result
 
-__all__ = [
-    "Run", "RunResult", "environment", "plan_runs", "run_one", "run_settings", "semantic_config", "validate",
-]  # fmt: skip
+__all__ = ["Run", "RunResult", "environment", "plan_runs", "run_one", "validate"]
 
-_NOT_SEMANTIC = ("progress", "out_dir", "device", "threads", "paper", "name")
-_EVAL_ONLY = ("evaluation",)
+#: names that moved to :mod:`experiments.run_identity`: importable from here, with a warning, for one
+#: release
+__getattr__ = moved_names(
+    __name__,
+    dict.fromkeys(
+        (
+            "semantic_config",
+            "run_settings",
+            "fingerprint",
+            "_LATER_KEYS",
+            "_LATER_METHOD_KEYS",
+            "_LATER_SWAG_KEYS",
+            "_TRAIN_NOT_SEMANTIC",
+            "_NOT_SEMANTIC",
+            "_EVAL_ONLY",
+        ),  # fmt: skip
+        "experiments.run_identity",
+    ),
+)
 
 
 @dataclass
@@ -118,12 +144,6 @@ def plan_runs(cfg: dict[str, Any]) -> list[Run]:
 def validate(runs: list[Run]) -> None:
     """Check what can be checked before any training: optimizers, models and sharpness measures
     exist (raises :class:`experiments.config.ConfigError` naming the problem)."""
-    from experiments.config import ConfigError
-    from experiments.data import check_splits
-    from experiments.evaluate import sharpness_measures
-    from experiments.methods import check_run
-    from landscape.models import available_models
-
     for run in runs:
         check_splits(run.cfg)
         contract = check_run(run.cfg)
@@ -138,8 +158,6 @@ def validate(runs: list[Run]) -> None:
             sharpness_measures(run.cfg)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        from landscape.data import CIFAR10C_ALL_CORRUPTIONS
-
         bad = [c for c in run.cfg["evaluation"]["corruption_names"] if c not in CIFAR10C_ALL_CORRUPTIONS]
         if bad:
             raise ConfigError(
@@ -148,82 +166,8 @@ def validate(runs: list[Run]) -> None:
             )
 
 
-#: Keys added after run directories were first fingerprinted: left out of the hash while at their
-#: default, so the runs of older configurations keep their fingerprints (and are not redone).
-_LATER_METHOD_KEYS = ("bayesian", "mc_dropout", "ensemble")
-_LATER_KEYS = {
-    "data": {"allow_test_as_train": False},
-    "distributed": {"sync_batchnorm": False},
-    "train": {"min_lr": 0.0, "divergence_factor": 10.0, "compile": "off"},
-}
-#: keys of ``train`` that change no result (what is logged): never part of the hashed config
-_TRAIN_NOT_SEMANTIC = ("log_every",)
-_LATER_SWAG_KEYS = {"convention": "paper"}
-
-
-def _without_defaults(table: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in table.items() if not (k in defaults and v == defaults[k])}
-
-
-def _semantic_method(m: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in m.items() if not (k in _LATER_METHOD_KEYS and v == {})}
-    if isinstance(out.get("swag"), dict) and out["swag"]:
-        out["swag"] = _without_defaults(out["swag"], _LATER_SWAG_KEYS)
-    return out
-
-
-def semantic_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """``cfg`` without the keys of :data:`_LATER_KEYS` / :data:`_LATER_METHOD_KEYS` at their defaults
-    (the form that is hashed)."""
-    out = dict(cfg)
-    for table, defaults in _LATER_KEYS.items():
-        if isinstance(out.get(table), dict):
-            out[table] = _without_defaults(out[table], defaults)
-    if isinstance(out.get("train"), dict):
-        out["train"] = {k: v for k, v in out["train"].items() if k not in _TRAIN_NOT_SEMANTIC}
-    if isinstance(out.get("methods"), list):
-        out["methods"] = [_semantic_method(m) if isinstance(m, dict) else m for m in out["methods"]]
-    return out
-
-
-def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(node, dict):
-        for k, v in node.items():
-            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
-    elif prefix:
-        out[prefix] = node
-
-
-def run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The result-relevant settings of a run's config as dotted keys (``train.lr``,
-    ``methods.sam.hyperparameters.rho``, ...): the resolved config (as read when it no longer
-    resolves), :func:`semantic_config`, without the non-semantic keys and ``seeds``. Lists are one
-    value; empty tables are left out. Tables group runs by it (:mod:`experiments.table`) and a run
-    directory refuses another run's configuration by it (:mod:`experiments.run_check`)."""
-    try:
-        cfg = resolve_config(cfg)
-    except (ValueError, TypeError, KeyError):
-        cfg = dict(cfg)  # an older or foreign config: compared as written
-    keep = {k: v for k, v in semantic_config(cfg).items() if k not in (*_NOT_SEMANTIC, "seeds")}
-    methods = keep.pop("methods", None)
-    out: dict[str, Any] = {}
-    _flatten(keep, "", out)
-    if isinstance(methods, list):
-        names = [m.get("name") if isinstance(m, dict) else None for m in methods]
-        unique = len(set(names)) == len(names) and None not in names
-        for i, m in enumerate(methods):
-            _flatten(m, f"methods.{names[i] if unique else i}", out)
-    elif methods is not None:
-        out["methods"] = methods
-    return out
-
-
 def _check_meta_model(cfg: dict[str, Any], contract: Any) -> None:
     """The method's checks against its model, built on the ``meta`` device (no memory, no time)."""
-    from experiments.config import ConfigError
-    from experiments.train import check_model
-    from landscape.models import model_factory
-
     try:
         model = model_factory(cfg["model"]["name"], device="meta", **cfg["model"]["kwargs"])
     except (TypeError, ValueError) as exc:
@@ -231,13 +175,6 @@ def _check_meta_model(cfg: dict[str, Any], contract: Any) -> None:
             f"model {cfg['model']['name']!r} rejects model.kwargs {cfg['model']['kwargs']}: {exc}"
         ) from None
     check_model(cfg, model, contract)
-
-
-def fingerprint(cfg: dict[str, Any], *, training_only: bool) -> str:
-    skip = _NOT_SEMANTIC + (_EVAL_ONLY if training_only else ())
-    keep = {k: v for k, v in semantic_config(cfg).items() if k not in skip}
-    text = json.dumps(keep, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _git_commit(root: Path | None = None) -> dict[str, Any]:
@@ -311,7 +248,7 @@ def completed(run: Run) -> dict[str, Any] | None:
         d = read_json(path, what="results file")
     except ValueError:
         return None
-    if isinstance(d, dict) and d.get("fingerprint") == fingerprint(run.cfg, training_only=False):
+    if isinstance(d, dict) and d.get("fingerprint") == run_identity.fingerprint(run.cfg, training_only=False):
         if d.get("status") == "diverged":
             return {"status": "diverged", "divergence": d.get("divergence", {})}
         return d.get("metrics")
@@ -324,9 +261,6 @@ def run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool 
     Holds the run directory's lock throughout (:mod:`experiments.run_lock`: one runner per run
     directory) and first checks that the directory holds no files of another configuration
     (:func:`experiments.run_check.check_run_dir`)."""
-    from experiments.run_check import check_run_dir
-    from experiments.run_lock import run_dir_lock
-
     with run_dir_lock(run.run_dir, ctx=ctx, device=device):
         check_run_dir(run)
         return _run_one(run, device=device, ctx=ctx, progress=progress)
@@ -334,11 +268,6 @@ def run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool 
 
 def _run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool = False) -> dict[str, Any]:
     """:func:`run_one` under the run directory's lock."""
-    from experiments.divergence import Diverged
-    from experiments.evaluate import evaluate_run
-    from experiments.members import EnsembleTrainer, member_dirs
-    from experiments.train import Trainer
-
     done = completed(run)
     if done is not None:
         return done
@@ -346,7 +275,7 @@ def _run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool
     ensemble = run.cfg["methods"][0]["ensemble"]
     dirs = member_dirs(run.run_dir, ensemble["members"]) if ensemble else [run.run_dir]
     for d in dirs:
-        check_checkpoint(d / "checkpoint.pt", fingerprint(run.cfg, training_only=True))
+        check_checkpoint(d / "checkpoint.pt", run_identity.fingerprint(run.cfg, training_only=True))
     if ctx.is_main:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.run_dir / "config.toml", dumps(run.cfg))
@@ -357,7 +286,7 @@ def _run_one(run: Run, *, device: torch.device, ctx: DistContext, progress: bool
         device=device,
         ctx=ctx,
         progress=progress,
-        fingerprint=fingerprint(run.cfg, training_only=True),
+        fingerprint=run_identity.fingerprint(run.cfg, training_only=True),
     )
     env = environment(device, run.seed, ctx)
     if ctx.is_main:
@@ -441,7 +370,7 @@ def save_run(
         environment=env,
         optimizer_arguments=getattr(trainer, "opt_args", {}),
         effective=effective,
-        fingerprint=fingerprint(run.cfg, training_only=False),
+        fingerprint=run_identity.fingerprint(run.cfg, training_only=False),
         status="completed" if diverged is None else "diverged",
         divergence={} if diverged is None else diverged.to_dict(),
     )
@@ -454,8 +383,6 @@ def save_run(
 def _state_at_end(trainer: Any) -> Any:
     """Where a run that diverged in its final evaluation stood: its last step and epoch, the last
     epoch's training loss and the reference loss of its divergence monitor."""
-    from experiments.divergence import DivergenceRecord
-
     mon = getattr(trainer, "monitor", None)
     last = trainer.history[-1].get("train_loss") if trainer.history else None
     return DivergenceRecord(

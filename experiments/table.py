@@ -7,8 +7,8 @@ The standard deviation is the sample standard deviation over seeds (``numpy.std(
 
 Grouping rule (:func:`group_runs`): runs are pooled under one row only when they share the
 variant, the method and every result-relevant key of their ``config.toml`` except the seed
-(:func:`experiments.runner.semantic_config` of the resolved config, without the keys of
-``experiments.runner._NOT_SEMANTIC`` and ``seeds``; the experiment ``name`` is not compared). Runs
+(:func:`experiments.run_identity.run_settings`: the resolved config without the keys that change no
+result and ``seeds``; the experiment ``name`` is not compared). Runs
 of one method with different settings get one row each, labelled by the fewest dotted keys that
 tell them apart (``sgd [train.lr=0.05]``), and the table notes every differing key;
 ``strict=True`` refuses them instead. Runs without a ``config.toml`` are grouped by their
@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 import tomllib
 
-from experiments.runner import run_settings
+from experiments import run_identity
+from experiments._moved import moved_names
 from landscape.io import atomic_write, atomic_write_text, read_json, to_jsonable
 
 __all__ = [
@@ -47,12 +48,15 @@ __all__ = [
     "format_table",
     "group_runs",
     "plot_table",
-    "run_settings",
     "table_notes",
 ]
 
+
+#: moved to :mod:`experiments.run_identity`: importable from here, with a warning, for one release
+__getattr__ = moved_names(__name__, {"run_settings": "experiments.run_identity"})
+
+
 _ID_KEYS = ("method", "seed", "variant", "status")
-#: config keys that do not change a run's results (the runner's) and the seed list
 _UNSET = "(unset)"
 NO_CONFIG = "no config.toml"
 
@@ -159,7 +163,7 @@ def group_runs(rows: list[dict[str, Any]], *, strict: bool = False) -> list[dict
     flats: dict[str | None, dict[str, Any]] = {}
     for r in rows:
         cfg = _row_config(r)
-        flat = run_settings(cfg) if isinstance(cfg, dict) else None
+        flat = run_identity.run_settings(cfg) if isinstance(cfg, dict) else None
         key = None if flat is None else json.dumps({k: _canon(v) for k, v in flat.items()}, sort_keys=True)
         if flat is not None:
             flats[key] = flat

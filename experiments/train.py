@@ -46,18 +46,29 @@ import torch
 from torch import nn
 
 from experiments import divergence as dv
-from experiments.amp import LossScaler, SkipStep, param_dtype
+from experiments.amp import param_dtype
+from experiments.budget import apply_budget
 from experiments.checkpoint import load_checkpoint, save_checkpoint
 from experiments.closures import ClosureFactory, check_sub_batches
-from experiments.config import ConfigError, apply_budget
+from experiments.config import ConfigError
 from experiments.data import RunData, data_fingerprints, prepare_data
+from experiments.ensembles import predict_probs
 from experiments.logs import EpochLogger
 from experiments.methods import build_optimizer, check_run, inner_optimizer
+from experiments.model_checks import check_model_data
 from experiments.parallel import DistContext
 from experiments.schedules import FactorSchedule, NoSchedule, lr_factor
+from experiments.sync_batchnorm import BatchNormSync, convert_batchnorm
+from landscape import metrics
 from landscape.cli_common import interrupts_deferred
+from landscape.data import CHANNEL_STATS, black_fill, random_crop_flip, random_hflip
+from landscape.models import model_factory
+from optimizers import SWAG, convert_to_bayesian
+from optimizers.amp import LossScaler, SkipStep
+from optimizers.bayes.mc_dropout import dropout_modules
+from optimizers.bayes.sgvb import bayes_layers, kl_divergence
 
-__all__ = ["STEP_HOOK", "Trainer", "build_model", "check_model", "lr_factor"]
+__all__ = ["STEP_HOOK", "Trainer", "build_model", "check_model"]
 
 #: Test hook: ``STEP_HOOK(global_step)`` runs before every optimizer step (e.g. to simulate a crash).
 STEP_HOOK: Callable[[int], None] | None = None
@@ -72,13 +83,7 @@ def build_model(cfg: dict[str, Any], seed: int, dtype: torch.dtype, device: torc
     a ``bayesian`` table on the method, its ``nn.Linear`` / ``nn.Conv2d`` layers converted to
     Bayesian layers (:func:`optimizers.convert_to_bayesian`) whose noise generator is seeded with
     ``seed + BAYES_SEED_OFFSET``."""
-    from landscape.models import available_models, model_factory
-
-    name = cfg["model"]["name"]
-    if name not in available_models():
-        raise ConfigError(
-            f"model.name {name!r} is not a registered model; available: {', '.join(available_models())}"
-        )
+    name = cfg["model"]["name"]  # a registered model: checked once, by experiments.runner.validate
     try:
         model = model_factory(name, seed=seed, **cfg["model"]["kwargs"])
     except TypeError as exc:
@@ -86,8 +91,6 @@ def build_model(cfg: dict[str, Any], seed: int, dtype: torch.dtype, device: torc
     model = model.to(device=device, dtype=dtype)
     bayes = cfg["methods"][0].get("bayesian") if cfg["methods"] else None
     if bayes:
-        from optimizers import convert_to_bayesian
-
         gen = torch.Generator(device=device).manual_seed(seed + BAYES_SEED_OFFSET)
         try:
             model = convert_to_bayesian(
@@ -109,11 +112,7 @@ def check_model(cfg: dict[str, Any], model: nn.Module, contract: Any, data: RunD
     (:func:`experiments.model_checks.check_model_data`, a forward pass on ``meta``)."""
     from torch.nn.modules.batchnorm import _BatchNorm
 
-    from optimizers.bayes.mc_dropout import dropout_modules
-
     if data is not None:
-        from experiments.model_checks import check_model_data
-
         check_model_data(cfg, data)
     method = cfg["methods"][0]
     if method["mc_dropout"] and not dropout_modules(model):
@@ -195,8 +194,6 @@ class Trainer:
         }
         kl = None
         if self.method["bayesian"]:
-            from optimizers.bayes.sgvb import bayes_layers, kl_divergence
-
             self.generators["bayes"] = bayes_layers(self.model)[0].generator
             weight = self.method["bayesian"]["kl_weight"]
             if not self.contract.adds_kl and weight > 0:
@@ -251,8 +248,6 @@ class Trainer:
         d, gen = self.cfg["data"], self.generators["augment"]
         if d["augmentation"] == "none":  # before the import: no per-step cost without augmentation
             return x
-        from landscape.data import random_crop_flip, random_hflip
-
         if d["augmentation"] == "flip":
             return random_hflip(x, 0.5, generator=gen)
         if d["augmentation"] == "crop_flip":
@@ -273,8 +268,6 @@ class Trainer:
         :class:`experiments.sync_batchnorm.SyncedBatchNorm`; their shared state, or ``None``."""
         if not (self.cfg["distributed"]["sync_batchnorm"] and self.ctx.data_parallel):
             return None
-        from experiments.sync_batchnorm import BatchNormSync, convert_batchnorm
-
         if self.ctx.perturbation == "local":
             raise ConfigError(
                 'distributed.sync_batchnorm = true cannot be combined with perturbation = "local": '
@@ -359,9 +352,6 @@ class Trainer:
         return row
 
     def _test_metrics(self) -> dict[str, float]:
-        from experiments.ensembles import predict_probs
-        from landscape import metrics
-
         probs = predict_probs(self.model, self.data.x_test, self.cfg["evaluation"]["batch_size"], self.device)
         dv.check_predictions(probs, "test set, per-epoch metrics")
         return {
@@ -461,8 +451,6 @@ def _crop_fill(cfg: dict[str, Any], x: torch.Tensor) -> Any:
     """Checks the augmentation against the inputs; the padding value of ``crop_flip``: ``0`` (the
     mean colour of standardised inputs) or, with ``crop_fill = "black"``, ``-mean / std`` of the data
     set's channel statistics (torchvision pads raw images with black)."""
-    from landscape.data import CHANNEL_STATS, black_fill
-
     d = cfg["data"]
     if d["augmentation"] == "none":
         return 0.0
@@ -485,8 +473,6 @@ def _crop_fill(cfg: dict[str, Any], x: torch.Tensor) -> Any:
 
 def _swag_to(opt: Any, device: torch.device) -> None:
     """Move a loaded SWAG's moment vectors to the parameters' device."""
-    from optimizers import SWAG
-
     if isinstance(opt, SWAG):
         if opt._mean is not None:
             opt._mean, opt._sq_mean = opt._mean.to(device), opt._sq_mean.to(device)

@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             f"unknown {kind} {name!r}", f"choose one of: {', '.join(COMMANDS)} (see `{prog} --help`)"
         )
     module_name, before, _ = COMMANDS[name]
-    try:
+    try:  # imported only now, on purpose: --help and the dashboard import no torch (module docstring)
         module = importlib.import_module(module_name)
     except ImportError as exc:
         if "--debug" in rest:

@@ -37,6 +37,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from sharpscape.resources import app_home
+
 __all__ = [
     "DEFAULT_ADDRESS",
     "DEFAULT_MAX_UPLOAD_MB",
@@ -173,8 +175,6 @@ def _check_free(address: str, port: int) -> None:
 
 
 def _main(argv: list[str], prog: str) -> int:
-    from sharpscape.resources import app_home
-
     args = build_parser(prog).parse_args(argv)
     try:
         home = app_home()

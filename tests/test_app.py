@@ -337,6 +337,7 @@ def test_network_page_diverging_run_warns_and_seeds_give_error_bars():
 
 def test_network_models_and_table_cells():
     from dashboard import network as nw
+    from dashboard import network_text as nt
 
     import landscape as ls
 
@@ -347,14 +348,15 @@ def test_network_models_and_table_cells():
         assert model(x[:3]).shape == (3, 10), arch
     with pytest.raises(ValueError, match="unknown model"):
         nw.make_model(16, 0, "VGG")
-    assert nw._cell(None) == "—" and nw._cell(float("nan")) == "—" and nw._cell(0.123456) == "0.1235"
+    assert nt.cell(None) == "—" and nt.cell(float("nan")) == "—" and nt.cell(0.123456) == "0.1235"
     with pytest.raises(ValueError, match="unknown sharpness measure"):
-        nw.sharpness_measures(["nope"])
-    assert dict(nw.sharpness_measures(["worst_case"], 0.2))["worst_case"]["rho"] == 0.2
+        nt.sharpness_measures(["nope"])
+    assert dict(nt.sharpness_measures(["worst_case"], 0.2))["worst_case"]["rho"] == 0.2
 
 
 def test_network_logic_against_dense_hessian_and_plain_evaluation():
     from dashboard import network as nw
+    from dashboard import network_analyses as na
 
     from tests import references as ref
 
@@ -362,18 +364,18 @@ def test_network_logic_against_dense_hessian_and_plain_evaluation():
     model = nw.model_of(run)
     x, y = nw.digits(0)[0]
     # surface: the centre is the trained model; a random cell equals a plain evaluation
-    s, path = nw.surface_of(run, kind="random", resolution=5)
+    s, path = na.surface_of(run, kind="random", resolution=5)
     i0, j0 = int(np.argmin(np.abs(s.xs))), int(np.argmin(np.abs(s.ys)))
     with torch.no_grad():
         centre = float(torch.nn.functional.cross_entropy(model(x), y))
     assert math.isclose(float(s.loss[i0, j0]), centre, rel_tol=1e-5)
     # spectrum: top eigenvalues equal the dense float64 Hessian's
-    sp = nw.spectrum_of(run, k=3, runs=2, lanczos_steps=10)
+    sp = na.spectrum_of(run, k=3, runs=2, lanczos_steps=10)
     m64 = nw.model_of(run).double()
     h = ref.dense_hessian(m64, torch.nn.CrossEntropyLoss(), [(x.double(), y)])
     top = torch.linalg.eigvalsh(h).flip(0)[:3]
     np.testing.assert_allclose(sp["eigenvalues"], top.numpy(), rtol=1e-4)
     assert all(sp["converged"])
     # the PCA plane contains the trajectory's end point at the origin
-    s2, path2 = nw.surface_of(run, kind="pca", resolution=5)
+    s2, path2 = na.surface_of(run, kind="pca", resolution=5)
     np.testing.assert_allclose(path2[-1], 0.0, atol=1e-12)

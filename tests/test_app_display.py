@@ -22,6 +22,7 @@ sys.path.insert(0, str(APP))
 
 from dashboard import bayes, layout, toy, widgets  # noqa: E402
 from dashboard import network as nw  # noqa: E402
+from dashboard import network_plots as npl  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import toy_problems as tp  # noqa: E402
@@ -230,7 +231,7 @@ def test_one_colour_per_method_everywhere():
     assert next(t.marker.color for t in post.data if t.name == "SAM") == METHOD_COLORS["SAM"]
     assert next(t.line.color for t in post.data if t.name.startswith("bSAM")) == METHOD_COLORS["BayesianSAM"]
     fake = {n: _FakeRun([1.0, 0.5]) for n in ("SGD", "SAM")}
-    training = nw.training_figure(fake)
+    training = npl.training_figure(fake)
     assert [t.line.color for t in training.data] == [METHOD_COLORS["SGD"], METHOD_COLORS["SAM"]]
 
 
@@ -252,7 +253,7 @@ def test_legends_sit_outside_the_axes():
         toy.loss_curves_figure(runs),
         bayes.posterior_figure(R),
         bayes.decision_boundaries_figure(R, samples=3),
-        nw.training_figure({"SGD": _FakeRun([1.0])}),
+        npl.training_figure({"SGD": _FakeRun([1.0])}),
     ]
     # the contour lists each run once (its region and probe toggle with it) plus the known minima
     shown = [t.name for t in figures[0].data if t.showlegend is not False and t.type == "scatter"]
@@ -308,10 +309,10 @@ def test_network_surfaces_share_one_colour_scale():
         _FakeSurface(np.array([[1.0, 10.0], [100.0, 0.1]])),
         _FakeSurface(np.array([[1e3, 2.0], [3.0, 4.0]])),
     ]
-    lo, hi = nw.shared_range(surfaces)
+    lo, hi = npl.shared_range(surfaces)
     assert (lo, hi) == pytest.approx((-1.0, 3.0), abs=1e-9)  # log10 of 0.1 and 1000
     for s in surfaces:
-        c = nw.surface_figure(s, None, "t", zrange=(lo, hi)).data[0]
+        c = npl.surface_figure(s, None, "t", zrange=(lo, hi)).data[0]
         assert (c.zmin, c.zmax, c.contours.start, c.contours.end) == (lo, hi, lo, hi)
 
 

@@ -28,6 +28,7 @@ APP = ROOT / "app"
 sys.path.insert(0, str(APP))
 
 from dashboard import UserInputError  # noqa: E402
+from dashboard import study_data as sd  # noqa: E402
 from dashboard import study_view as sv  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
@@ -149,9 +150,9 @@ def test_page_pooled_is_the_reports_combined_entries(csv: pd.DataFrame, pops) ->
     at = AppTest.from_file(PAGE, default_timeout=60)
     at.run()
     assert at.selectbox(key="study_population").options[-1] == sv.population_label(
-        sv.load_study(""), sv.POOLED
+        sd.load_study(""), sd.POOLED
     )
-    at.selectbox(key="study_population").set_value(sv.POOLED).run()
+    at.selectbox(key="study_population").set_value(sd.POOLED).run()
     _no_errors(at)
     assert at.checkbox(key="study_leave_out").disabled
     table = _table(at).set_index("measure")
@@ -171,7 +172,7 @@ def test_page_pooled_is_the_reports_combined_entries(csv: pd.DataFrame, pops) ->
             assert row[f"tau_{k}"] == pytest.approx(tau, abs=1e-12)
     # the pooled interval recomputed by the study's own combination of the CSV rows (two measures)
     two = ["lambda_max", "tracer"]
-    rows = [sv.records(p) for p in pops]
+    rows = [sd.records(p) for p in pops]
     per = population_correlations(rows, two, ["gap_error"], AXES, samples=1000, seed=0)
     for e in combine(rows, per, samples=1000, seed=0):
         assert (table.loc[e["measure"], "low"], table.loc[e["measure"], "high"]) == pytest.approx(
@@ -271,33 +272,33 @@ def test_page_missing_directory_is_a_message(tmp_path: Path) -> None:
 
 def test_load_directory_layouts(tmp_path: Path, csv: pd.DataFrame, pops) -> None:
     shutil.copy(CSV, tmp_path / "population.csv")
-    alone = sv.load_study(tmp_path)
+    alone = sd.load_study(tmp_path)
     assert alone.measures is None and alone.df.shape == csv.shape and alone.report is None
-    assert sv.measures_of(alone.df) == sv.measures_of(*sv.load_population(""))  # same columns found
+    assert sv.measures_of(alone.df) == sv.measures_of(*sd.load_population(""))  # same columns found
     # without the report: the populations the CSV column names, in table order; no pooled view
     assert [set(p) for p in alone.populations] == [set(p["id"]) for p in pops]
-    assert sv.population_choices(alone) == list(range(len(pops)))
+    assert sd.population_choices(alone) == list(range(len(pops)))
     # with it (correlation.json): the report's order and the pooled view, as the committed example
     shutil.copy(JSON, tmp_path / "correlation.json")
-    full = sv.load_study(tmp_path)
+    full = sd.load_study(tmp_path)
     assert full.populations == [list(p["id"]) for p in pops] and full.stop == DOC["stop"]
-    assert sv.population_choices(full) == [*range(len(pops)), sv.POOLED]
+    assert sd.population_choices(full) == [*range(len(pops)), sd.POOLED]
     assert full.seeds == [p["sampling_seed"] for p in DOC["populations"]]
     with pytest.raises(UserInputError, match="does not exist"):
-        sv.load_population(tmp_path / "missing")
+        sd.load_population(tmp_path / "missing")
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(UserInputError, match="population.csv"):
-        sv.load_population(empty)
+        sd.load_population(empty)
 
 
 def test_population_frame_is_the_population_in_report_order(pops) -> None:
-    study = sv.load_study("")
+    study = sd.load_study("")
     for k, rows in enumerate(pops):
-        frame = sv.population_frame(study, k)
+        frame = sd.population_frame(study, k)
         assert list(frame["id"]) == list(rows["id"])
         pd.testing.assert_frame_equal(frame, rows[frame.columns], check_dtype=False)
-    pooled = sv.population_frame(study, sv.POOLED)
+    pooled = sd.population_frame(study, sd.POOLED)
     assert sorted(pooled["id"]) == sorted({i for p in pops for i in p["id"]})
 
 
@@ -369,7 +370,7 @@ def test_excluded_members_are_named_and_left_out(tmp_path: Path) -> None:
     assert table.set_index("measure").loc["lambda_max", "tau"] == pytest.approx(kendalltau(x, y).statistic)
     (spec,) = _charts(at)
     assert not set(changed) & {t.split(" · ")[0] for t in spec["data"][0]["text"]}
-    assert sv.POOLED not in at.selectbox(key="study_population").options  # no report next to this CSV
+    assert sd.POOLED not in at.selectbox(key="study_population").options  # no report next to this CSV
 
 
 def test_page_renders_in_a_few_seconds() -> None:
@@ -385,7 +386,7 @@ def test_page_renders_in_a_few_seconds() -> None:
     at.run()
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
-    at.selectbox(key="study_population").set_value(sv.POOLED).run()
+    at.selectbox(key="study_population").set_value(sd.POOLED).run()
     pooled = time.perf_counter() - t0
     _no_errors(at)
     assert first < 20 and pooled < 5, (first, pooled)
@@ -395,7 +396,7 @@ def test_stopping_text_counts(csv: pd.DataFrame) -> None:
     raw = _raw_rows()
     done = [int(r["epochs"]) for r in raw if r["status"] == "completed"]
     stop = DOC["stop"]
-    text = sv.stopping_text(sv.load_study(""))
+    text = sv.stopping_text(sd.load_study(""))
     assert text.startswith(
         f"**Stopping rule:** every model trained until the cross-entropy on its whole training set was at "
         f"most {stop['train_loss']:g} (checked after every epoch, at most {stop['max_epochs']} epochs). "

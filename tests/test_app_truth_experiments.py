@@ -22,7 +22,7 @@ from dashboard import experiments_groups as eg  # noqa: E402
 from dashboard import experiments_view as ev  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from experiments.table import collect_runs  # noqa: E402
+from experiments.table import collect_runs, table_notes  # noqa: E402
 
 METHODS = ["bsam", "sam", "sgd"]
 CLEAN, NOISY = "digits_sam_vs_sgd", "digits_label_noise_40"
@@ -62,7 +62,7 @@ def test_two_configs_give_two_experiments_without_duplicate_seeds(runs):
         for e in entries:
             assert sorted(e["seeds"]) == [0, 1, 2] and e["duplicates"] == [] and e["n"] == 3
             assert all(Path(d).parts[-3] == exp for d in e["dirs"])
-        assert not ev.table_notes(entries, ("duplicates",))
+        assert not table_notes(entries, ("duplicates",))
     titles = eg.experiment_titles(experiments)
     assert titles == {NOISY: "data.label_noise=0.4", CLEAN: "data.label_noise=0.0"}
     # the cells are mean ± std of metrics.json over the three seeds

@@ -19,6 +19,8 @@ APP = ROOT / "app"
 sys.path.insert(0, str(APP))
 
 from dashboard import network as nw  # noqa: E402
+from dashboard import network_analyses as na  # noqa: E402
+from dashboard import network_plots as npl  # noqa: E402
 from dashboard import network_text as nt  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
@@ -125,7 +127,7 @@ def two_runs():
 def test_progress_does_not_change_the_numbers(two_runs):
     run = two_runs[0]
     seen = []
-    sp = nw.spectrum_of(run, k=2, runs=2, lanczos_steps=10, progress=lambda f, t: seen.append((f, t)))
+    sp = na.spectrum_of(run, k=2, runs=2, lanczos_steps=10, progress=lambda f, t: seen.append((f, t)))
     fractions = [f for f, _ in seen]
     assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0) and len(seen) > 20
     assert any("smallest eigenvalue (Lanczos)" in t for _, t in seen)
@@ -137,31 +139,31 @@ def test_progress_does_not_change_the_numbers(two_runs):
     assert sp["trace_converged"] == tr.converged and sp["trace_matvecs"] == tr.matvecs
     # the sharpness table's hessian_trace is the spectrum's estimate (same estimator and probes)
     steps = []
-    rows = nw.sharpness_rows({"SGD": run}, nw.sharpness_measures(["hessian_trace", "worst_case"]),
+    rows = na.sharpness_rows({"SGD": run}, nt.sharpness_measures(["hessian_trace", "worst_case"]),
                              report=lambda f, t: steps.append((f, t)))  # fmt: skip
     assert steps == [(0.0, "hessian_trace of SGD"), (0.5, "worst_case of SGD")]
     assert rows[0]["value"] == sp["hutchinson_trace"] and "as run" in rows[0]
     # a surface in strips equals the surface in one call, point for point
     strips = []
-    s, _ = nw.surface_of(run, kind="random", resolution=9, progress=lambda f, t: strips.append(f))
-    one, _ = nw.surface_of(run, kind="random", resolution=9, strips=1)
+    s, _ = na.surface_of(run, kind="random", resolution=9, progress=lambda f, t: strips.append(f))
+    one, _ = na.surface_of(run, kind="random", resolution=9, strips=1)
     np.testing.assert_array_equal(s.loss, one.loss)
     np.testing.assert_array_equal(s.xs, one.xs)
     assert len(strips) == 4 and strips[-1] == 1.0 and s.evaluations == one.evaluations == 81
 
 
 def test_pca_panels_share_axes_and_orientation(two_runs):
-    span = nw.pca_span(two_runs)
+    span = na.pca_span(two_runs)
     for run in two_runs:
-        dirs, path = nw.pca_plane(run)
+        dirs, path = na.pca_plane(run)
         assert path[0][0] <= 0 and path[0][1] <= 0  # the initialisation at negative coordinates
         np.testing.assert_allclose(path[-1], 0.0, atol=1e-12)
         norms = [math.sqrt(sum(float((t.double() ** 2).sum()) for t in d.values())) for d in dirs]
         np.testing.assert_allclose(norms, 1.0, rtol=1e-6)  # unit directions: coordinates are distances
-        s, _ = nw.surface_of(run, kind="pca", resolution=5, span=span)
+        s, _ = na.surface_of(run, kind="pca", resolution=5, span=span)
         assert s.xs.min() == pytest.approx(-span) and s.ys.max() == pytest.approx(span)
         assert np.abs(path).max() * 1.25 <= span + 1e-6
-    fig = nw.surface_figure(s, path, "t")
+    fig = npl.surface_figure(s, path, "t")
     assert fig.layout.yaxis.scaleanchor == "x" and fig.layout.yaxis.scaleratio == 1
 
 
@@ -200,7 +202,6 @@ def test_page_captions_from_the_numbers():
 def test_training_curves_stay_distinguishable_when_they_coincide(two_runs):
     """Similar optimizers give coinciding loss curves: every run has its own dash and marker, and
     earlier runs are drawn wider, so a curve under another one stays visible."""
-    from dashboard import network_plots as npl
 
     runs = {name: two_runs[0] for name in ("SGD", "SAM", "ASAM", "FisherSAM", "BayesianSAM", "MFVI")}
     fig = npl.training_figure(runs)

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app"
 sys.path.insert(0, str(APP))
 
+from dashboard import study_data as sd  # noqa: E402
 from dashboard import study_view as sv  # noqa: E402
 from dashboard.experiments_view import color_of  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -39,14 +40,14 @@ def raw() -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def study() -> sv.Study:
-    return sv.load_study("")
+def study() -> sd.Study:
+    return sd.load_study("")
 
 
 @pytest.fixture(scope="module")
 def pop0(study) -> pd.DataFrame:
     """Population 0 as the page correlates it (its order is checked in tests/test_app_study.py)."""
-    return sv.population_frame(study, 0)
+    return sd.population_frame(study, 0)
 
 
 def _in(r: dict[str, str], k: int) -> bool:
@@ -172,7 +173,7 @@ def test_pooled_sentences_are_the_report(raw):
     at = AppTest.from_file(PAGE, default_timeout=60)
     at.session_state["study_samples"] = 200
     at.run()
-    at.selectbox(key="study_population").set_value(sv.POOLED).run()
+    at.selectbox(key="study_population").set_value(sd.POOLED).run()
     assert not at.exception and not at.error
     texts = [m.value for m in at.markdown][1:]
     boot = DOC["bootstrap"]

@@ -123,13 +123,13 @@ def test_non_finite_predictions_per_epoch_and_in_the_final_evaluation(tmp_path, 
         p = real(model, x, *a, **k)
         return p if len(calls) == 1 else p * math.nan
 
-    monkeypatch.setattr(ensembles_mod, "predict_probs", nan_second_time)  # the per-epoch test metrics
+    monkeypatch.setattr(train_mod, "predict_probs", nan_second_time)  # the per-epoch test metrics
     run, _ = _run(_cfg(tmp_path / "a"))
     res, _ = _results(run)
     div = res["divergence"]
     assert div["reason"] == "non-finite predictions" and div["epoch"] == 2 and div["step"] == 46
     assert "per-epoch" in div["detail"] and len(res["history"]) == 1 and _ckpt_epoch(run) == 1
-    monkeypatch.setattr(ensembles_mod, "predict_probs", real)
+    monkeypatch.setattr(train_mod, "predict_probs", real)
     # the final evaluation (no per-epoch metrics): the point prediction is NaN
     monkeypatch.setattr(evaluate_mod, "predict_probs", lambda *a, **k: real(*a, **k) * math.nan)
     run, _ = _run(_cfg(tmp_path / "b", every=0))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import experiments.cli as cli_mod
 import experiments.estimate as estimate_mod
 from experiments.cli import main
 
@@ -74,7 +75,7 @@ def test_estimate_prints_one_row_per_variant_and_method_and_writes_nothing(tmp_p
         return returned
 
     real = estimate_mod.estimate_runs
-    monkeypatch.setattr(estimate_mod, "estimate_runs", spy)
+    monkeypatch.setattr(cli_mod, "estimate_runs", spy)  # the name the command line calls
     assert main(["run", str(cfg), "--estimate", "--estimate-steps", "8", f"out_dir={out_dir}"]) == 0
     out = capsys.readouterr().out
     assert not out_dir.exists()  # no run directory, checkpoint or result

@@ -18,8 +18,10 @@ import torch
 from torch import nn
 
 import experiments.train as train_mod
+from experiments.budget import apply_budget
 from experiments.cli import main
-from experiments.config import ConfigError, apply_budget, load_config, parse_override, resolve_config
+from experiments.config import ConfigError, load_config, parse_override, resolve_config
+from experiments.schedules import lr_factor
 from experiments.toml_writer import dumps
 from landscape.data import load_digits
 from landscape.models import model_factory
@@ -274,7 +276,7 @@ def test_budget_scales_epochs_and_data(tmp_path):
     assert short["train"]["epochs"] == 3  # ceil(10 * 0.25): every epoch-valued setting scales by 0.3
     t = short["train"]
     # 10 steps per epoch: warm-up ends at step 2 * 0.3 * 10 = 6, milestones at steps 12 and 24
-    assert [train_mod.lr_factor(s, 10, t) for s in (0, 5, 11, 12, 23, 24)] == pytest.approx(
+    assert [lr_factor(s, 10, t) for s in (0, 5, 11, 12, 23, 24)] == pytest.approx(
         [1 / 6, 1.0, 1.0, 0.1, 0.1, 0.01]
     )
     from experiments.data import prepare_data
@@ -304,16 +306,16 @@ def test_toml_writer_round_trips():
 def test_lr_schedules_match_closed_forms():
     t = {"epochs": 4, "schedule": "cosine", "milestones": [], "gamma": 0.1, "warmup_epochs": 0.0}
     for step in (0, 5, 10, 19):
-        assert train_mod.lr_factor(step, 5, t) == pytest.approx(0.5 * (1 + math.cos(math.pi * step / 20)))
+        assert lr_factor(step, 5, t) == pytest.approx(0.5 * (1 + math.cos(math.pi * step / 20)))
     t.update(schedule="step", milestones=[1, 3])
-    assert [train_mod.lr_factor(s, 5, t) for s in (4, 5, 14, 15)] == pytest.approx([1, 0.1, 0.1, 0.01])
+    assert [lr_factor(s, 5, t) for s in (4, 5, 14, 15)] == pytest.approx([1, 0.1, 0.1, 0.01])
     t.update(milestones=[0.25, 0.75])  # fractions of the 4 epochs: epochs 1 and 3
-    assert [train_mod.lr_factor(s, 5, t) for s in (4, 5, 14, 15)] == pytest.approx([1, 0.1, 0.1, 0.01])
+    assert [lr_factor(s, 5, t) for s in (4, 5, 14, 15)] == pytest.approx([1, 0.1, 0.1, 0.01])
     t.update(schedule="constant", warmup_epochs=1.0)
-    assert [train_mod.lr_factor(s, 5, t) for s in (0, 3, 4, 9)] == pytest.approx([0.2, 0.8, 1, 1])
+    assert [lr_factor(s, 5, t) for s in (0, 3, 4, 9)] == pytest.approx([0.2, 0.8, 1, 1])
     # SWA (Izmailov et al. 2018): 1 until swa_start / 2, linear to swa_lr / lr at 0.9 swa_start, then flat
     t.update(schedule="swa", warmup_epochs=0.0, epochs=20, lr=0.1, swa_lr=0.01, swa_start=10.0)
-    got = [train_mod.lr_factor(e * 5, 5, t) for e in (0, 5, 7, 9, 15)]
+    got = [lr_factor(e * 5, 5, t) for e in (0, 5, 7, 9, 15)]
     assert got == pytest.approx([1.0, 1.0, 1 - 0.9 * 0.2 / 0.4, 0.1, 0.1])
 
 

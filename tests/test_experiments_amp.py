@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from experiments.amp import LossScaler
 from experiments.config import load_config
 from experiments.parallel import DistContext
 from experiments.runner import plan_runs
 from experiments.train import Trainer
 from landscape.models import model_factory
+from optimizers.amp import LossScaler
 
 CONFIG = """
 name = "amp"

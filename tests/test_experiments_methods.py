@@ -335,7 +335,7 @@ def test_fingerprints_of_configs_without_the_new_keys_are_unchanged():
     import json
 
     from experiments.config import resolve_config
-    from experiments.runner import fingerprint
+    from experiments.run_identity import fingerprint
 
     cfg = resolve_config({"methods": [{"optimizer": "sam", "swag": {"rank": 3}}]})
     earlier = copy.deepcopy(cfg)

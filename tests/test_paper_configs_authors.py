@@ -27,7 +27,7 @@ from experiments.config import ConfigError, load_config
 from experiments.ensembles import sample_contexts
 from experiments.methods import build_optimizer
 from experiments.runner import plan_runs
-from experiments.train import lr_factor
+from experiments.schedules import lr_factor
 from optimizers import SWAG
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,7 +36,8 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.config import apply_budget, load_config
+from experiments.budget import apply_budget
+from experiments.config import load_config
 from experiments.divergence import Diverged
 from experiments.parallel import DistContext
 from experiments.runner import plan_runs

@@ -286,20 +286,20 @@ def test_study_report_names_a_model_file_without_its_row(study_dir, capsys):
 )
 def test_dashboard_names_a_truncated_file(study_dir, rel, keep, fragment):
     from dashboard import UserInputError
-    from dashboard import study_view as sv
+    from dashboard import study_data as sd
 
-    df, measures = sv.load_population(study_dir)  # intact: read as written
+    df, measures = sd.load_population(study_dir)  # intact: read as written
     assert len(df) == 2 and measures == ["lambda_max", "gradient_norm"]
     _truncate(study_dir / rel, keep)
     with pytest.raises(UserInputError) as exc:
-        sv.load_population(study_dir)
+        sd.load_population(study_dir)
     msg = str(exc.value)
     assert fragment in msg and str(study_dir / rel) in msg and "\n" not in msg
     assert f"— delete it and run `python -m experiments.study report {study_dir}`" in msg
     (study_dir / "population.csv").unlink()  # the run layout (study_config.json and models/)
     _truncate(study_dir / "models" / "mlp-sgd.json", 24)
     with pytest.raises(UserInputError, match=r"mlp-sgd\.json: not a valid model result.*\(line 3, column"):
-        sv.load_population(study_dir)
+        sd.load_population(study_dir)
 
 
 # ---------------------------------------------------------------------------- 7. a full disk

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from experiments.config import resolve_config
-from experiments.table import aggregate, collect_runs, format_table, group_runs, plot_table, run_settings
+from experiments.run_identity import run_settings
+from experiments.table import aggregate, collect_runs, format_table, group_runs, plot_table
 from experiments.toml_writer import dumps
 
 

@@ -10,6 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+import toy_problems as tp
+from landscape.cli_common import CliError, Parser, UsageError, add_debug_option, check_output, run_cli
+from toy_problems.figures import FIGURES, make_figures
+
 
 def _resolution(text: str) -> int:
     try:
@@ -24,9 +28,6 @@ def _resolution(text: str) -> int:
 
 
 def _main(argv: list[str], prog: str = "python -m toy_problems") -> int:
-    from landscape.cli_common import CliError, Parser, UsageError, add_debug_option, check_output
-    from toy_problems.figures import FIGURES, make_figures
-
     parser = Parser(prog=prog)
     add_debug_option(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -41,8 +42,6 @@ def _main(argv: list[str], prog: str = "python -m toy_problems") -> int:
     add_debug_option(listing)
     args = parser.parse_args(argv)
     if args.command == "list":
-        import toy_problems as tp
-
         print("\n".join(tp.names()))
         return 0
     from pathlib import Path
@@ -61,8 +60,6 @@ def _main(argv: list[str], prog: str = "python -m toy_problems") -> int:
 def main(argv: Sequence[str] | None = None, prog: str = "python -m toy_problems") -> int:
     """Run a command; returns 0, or raises ``SystemExit`` with the status after one error line.
     ``prog`` names the program in usage and errors (``sharpscape`` passes its own)."""
-    from landscape.cli_common import run_cli
-
     return run_cli(lambda args: _main(args, prog), argv)
 
 

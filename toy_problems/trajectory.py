@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from landscape.io import to_jsonable
 from toy_problems.base import ToyProblem
 
 __all__ = ["Trajectory", "run_trajectory"]
@@ -43,8 +44,6 @@ class Trajectory:
     config: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        from landscape.io import to_jsonable
-
         return {
             "path": to_jsonable(self.path),
             "perturbations": to_jsonable(self.perturbations),

@@ -1,8 +1,10 @@
 """Importable, tested logic behind the dashboard pages (the pages themselves stay thin).
 
 ``ui`` helpers (header, readable errors) live here; the page-specific work lives in
-``dashboard.toy``, ``dashboard.bayes``, ``dashboard.network`` and ``dashboard.network_plots``, which
-return plain data and Plotly figures so that tests can assert on them without a browser.
+``dashboard.toy``, ``dashboard.bayes``, ``dashboard.network`` (training; below
+``network_analyses``, ``network_plots`` and ``network_text``, which import it, never the other way
+round), ``experiments_*`` and ``study_*``, which return plain data and Plotly figures so that tests
+can assert on them without a browser.
 ``dashboard.layout`` holds the presentation rules (compact numbers, legends, subplot grids, colour
 ranges), ``dashboard.widgets`` the figure/table display with download buttons and progress bars,
 ``dashboard.uploads`` the checks on uploaded files; method colours come from

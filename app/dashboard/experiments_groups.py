@@ -2,7 +2,7 @@
 (one directory ``<out_dir>/<name>`` of ``python -m experiments run`` each, the runner's layout
 ``<out_dir>/<name>/[<variant>/]<method>/seed<k>/``) and shows one table per experiment, as
 ``python -m experiments table <out_dir>/<name>`` prints it; the settings in which the experiments
-differ (:func:`experiments.runner.run_settings` of their configs, e.g. ``data.label_noise``) label
+differ (:func:`experiments.run_identity.run_settings` of their configs, e.g. ``data.label_noise``) label
 them. Training curves are coloured per (experiment, method), with one line style per experiment.
 
 Widget state belongs to the directory it was chosen in (:func:`state_key`): another directory gets
@@ -20,10 +20,10 @@ from typing import Any
 
 from plotly.colors import qualitative
 
-from experiments.runner import run_settings
+from experiments.run_identity import run_settings
 from experiments.table import aggregate
 
-from .experiments_view import color_of
+from .experiments_view import color_of, default_reliability_runs
 
 __all__ = [
     "DASHES",
@@ -221,8 +221,6 @@ MAX_RELIABILITY = 8
 def default_reliability(tables: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The diagram's default runs: per table row (experiment by experiment), the first completed
     run with a checkpoint, at most :data:`MAX_RELIABILITY`."""
-    from .experiments_view import default_reliability_runs
-
     out = [d for entries in tables.values() for d in default_reliability_runs(entries)]
     return out[:MAX_RELIABILITY]
 

@@ -28,7 +28,15 @@ import tomllib
 import torch
 from plotly.colors import qualitative
 
-from experiments.table import aggregate, collect_runs, format_table, table_notes
+from experiments.amp import param_dtype
+from experiments.budget import apply_budget
+from experiments.checkpoint import read_checkpoint
+from experiments.config import resolve_config
+from experiments.data import prepare_data
+from experiments.ensembles import predict_probs
+from experiments.table import aggregate, collect_runs, format_table
+from experiments.train import build_model
+from landscape import metrics as lm
 from landscape.io import read_json
 from toy_problems.figures.palette import METHOD_COLORS, method_color
 
@@ -42,7 +50,6 @@ __all__ = [
     "diverged_rows",
     "group_colors",
     "run_groups",
-    "table_notes",
     "find_runs",
     "results_table",
     "table_rows",
@@ -269,12 +276,6 @@ def run_probs(run_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor, dict[str
     ``checkpoint.pt`` (a deep ensemble's point model is member 0, ``member0/checkpoint.pt``, as in
     its ``metrics.json``); the test set is the run's own (:func:`experiments.data.prepare_data`).
     Returns ``(probs, targets, metrics)`` with ``metrics`` the run's ``metrics.json`` row."""
-    from experiments.amp import param_dtype
-    from experiments.config import apply_budget
-    from experiments.data import prepare_data
-    from experiments.evaluate import predict_probs
-    from experiments.train import build_model
-
     d = Path(run_dir)
     ckpt = d / "checkpoint.pt"
     if not ckpt.is_file() and (d / "member0" / "checkpoint.pt").is_file():
@@ -282,9 +283,6 @@ def run_probs(run_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor, dict[str
     for path in (d / "config.toml", ckpt, d / "metrics.json"):
         if not path.is_file():
             raise FileNotFoundError(f"{d} has no {path.name}; a reliability diagram needs a finished run")
-    from experiments.checkpoint import read_checkpoint
-    from experiments.config import resolve_config
-
     try:
         cfg = apply_budget(resolve_config(tomllib.loads((d / "config.toml").read_text(encoding="utf-8"))))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as exc:
@@ -316,8 +314,6 @@ def reliability_of(
     run. Also returns rows with each run's recomputed ECE next to the ECE its ``metrics.json``
     records.
     """
-    from landscape import metrics as lm
-
     if not run_dirs:
         raise ValueError("no runs chosen for the reliability diagram")
     probs: dict[str, torch.Tensor] = {}

@@ -1,5 +1,8 @@
-"""Logic of the "Network landscape" page: train a small digits network with several optimizers,
-then compare their loss surfaces (with the trajectory), Hessian spectra and sharpness tables.
+"""Logic of the "Network landscape" page, its bottom layer: train a small digits network with
+several optimizers (:class:`TrainedRun`), rebuild a run's model, data and objective, and its test
+metrics. The analyses of a trained run are in :mod:`network_analyses`, its figures in
+:mod:`network_plots`, the page's texts and tables in :mod:`network_text`; each imports this module,
+never the other way round.
 
 Built directly on ``landscape`` (Objective, surface, directions, eigenvalues, spectral_density,
 sharpness_report, models.train) and ``optimizers``; no Streamlit here, so tests call it directly.
@@ -21,44 +24,23 @@ import landscape as ls
 import optimizers as opt_suite
 from landscape import metrics
 
-from .network_plots import log_loss, shared_range, spectrum_figure, surface_figure, training_figure
-from .network_text import (
-    MEASURE_OPTIONS,
-    RHO_MEASURES,
-    SHARPNESS_COLUMNS,
-    cell,
-    sharpness_measures,
-    spectrum_rows,
-)
-
-_cell = cell
+from .network_text import MEASURE_OPTIONS
 
 __all__ = [
-    "NETWORK_OPTIMIZERS",
     "ARCHITECTURES",
+    "NETWORK_OPTIMIZERS",
     "SHARPNESS_MEASURES",
-    "SHARPNESS_COLUMNS",
-    "RHO_MEASURES",
-    "n_params",
-    "pca_plane",
-    "pca_span",
-    "sharpness_details",
-    "sharpness_measures",
-    "interpolation_of",
-    "run_label",
     "TrainedRun",
-    "train_network",
-    "surface_of",
-    "spectrum_of",
-    "sharpness_rows",
+    "data_of",
+    "digits",
+    "interpolation_of",
+    "make_model",
     "metric_rows",
-    "spectrum_rows",
+    "model_of",
+    "objective_of",
+    "run_label",
     "surface_caption",
-    "log_loss",
-    "shared_range",
-    "surface_figure",
-    "spectrum_figure",
-    "training_figure",
+    "train_network",
 ]
 
 # optimizer name -> (factory(params, lr, rho, num_data), default lr, default rho)
@@ -314,16 +296,3 @@ def surface_caption(s: ls.Surface) -> str:
     """The loss at the surface's centre (the trained weights) and what computing it cost."""
     centre = float(s.loss[np.argmin(np.abs(s.xs)), np.argmin(np.abs(s.ys))])
     return f"centre loss {centre:.4g}; {s.evaluations} evaluations in {s.seconds:.1f} s ({s.strategy})"
-
-
-# the analyses of a trained run live in network_analyses (they import this module's models and
-# data); re-exported here, where the page and the tests look for them
-from .network_analyses import (  # noqa: E402
-    n_params,
-    pca_plane,
-    pca_span,
-    sharpness_details,
-    sharpness_rows,
-    spectrum_of,
-    surface_of,
-)

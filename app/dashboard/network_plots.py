@@ -3,7 +3,7 @@ and training curves, each optimizer in its own colour (``toy_problems.figures.pa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -12,9 +12,7 @@ import landscape as ls
 from toy_problems.figures.palette import method_color
 
 from .layout import LEGEND_BELOW, finite_range
-
-if TYPE_CHECKING:
-    from .network import TrainedRun
+from .network import TrainedRun
 
 
 def log_loss(s: ls.Surface) -> np.ndarray:

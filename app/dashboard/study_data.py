@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from dashboard import UserInputError
+from experiments.study.population import population_ids
 from experiments.study.report import EXCLUDED, collect_rows
 from landscape.io import read_json
 
@@ -168,8 +169,6 @@ def _populations_file(directory: Path) -> list[list[str]] | None:
 def _planned(cfg: dict[str, Any]) -> list[list[str]] | None:
     """The member ids of every population as the study config plans them (the order of
     ``populations.json``), or ``None`` when the config cannot be planned."""
-    from experiments.study.population import population_ids
-
     try:
         return population_ids(cfg)
     except (KeyError, TypeError, ValueError):

@@ -6,7 +6,7 @@ granulated tau Psi of Jiang et al. 2020, Sec. 4, eqs. 3-4), one population at a 
 report's pooled intervals (:func:`experiments.study.combine.combine`) and draw measure-vs-target
 scatter panels. Only the members that enter the report's correlations (status not ``diverged`` or
 ``not_converged``, :data:`experiments.study.report.EXCLUDED`) are correlated and plotted; reading
-the files and choosing those rows is :mod:`dashboard.study_data` (re-exported here). Plain
+the files and choosing those rows is :mod:`dashboard.study_data`. Plain
 functions returning DataFrames, dicts, strings and Plotly figures."""
 
 from __future__ import annotations
@@ -20,47 +20,23 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dashboard import UserInputError
+from dashboard.experiments_view import color_of
 from dashboard.layout import grid_shape
-from dashboard.study_data import (
-    DEFAULT_DIR,
-    POOLED,
-    ROOT,
-    Study,
-    excluded_rows,
-    included,
-    included_ids,
-    load_population,
-    load_study,
-    population_choices,
-    population_frame,
-    records,
-)
+from dashboard.study_data import POOLED, Study, included, included_ids, population_frame, records
 from experiments.study import AXES, correlate
 
 __all__ = [
-    "DEFAULT_DIR",
-    "POOLED",
-    "ROOT",
     "TARGET_LABELS",
-    "Study",
     "axes_of",
     "barely_trained",
     "barely_trained_text",
     "correlation_table",
-    "excluded_rows",
-    "included",
-    "included_ids",
-    "load_population",
-    "load_study",
     "log_ticks",
     "measures_of",
     "pooled_summary_text",
     "pooled_table",
-    "population_choices",
-    "population_frame",
     "population_label",
     "population_text",
-    "records",
     "scatter_figure",
     "stopping_text",
     "summary_text",
@@ -311,8 +287,6 @@ def barely_trained(df: pd.DataFrame, threshold: float = BARELY_TRAINED) -> pd.Se
 def styles(df: pd.DataFrame) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
     """The colour of each optimizer (the palette's, :func:`dashboard.experiments_view.color_of`) and
     the marker (Plotly symbol, legend character) of each model."""
-    from dashboard.experiments_view import color_of
-
     opts = sorted({str(o) for o in df["optimizer"]}) if "optimizer" in df.columns else []
     models = sorted({str(m) for m in df["model"]}) if "model" in df.columns else []
     return {o: color_of(o) for o in opts}, {m: _SYMBOLS[i % len(_SYMBOLS)] for i, m in enumerate(models)}

@@ -10,6 +10,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import streamlit as st  # noqa: E402
 from dashboard import network as nw  # noqa: E402
+from dashboard import network_analyses as na  # noqa: E402
+from dashboard import network_plots as npl  # noqa: E402
 from dashboard import network_text as nt  # noqa: E402
 from dashboard import page_header, readable_errors  # noqa: E402
 from dashboard.layout import MAX_COLUMNS  # noqa: E402
@@ -144,12 +146,12 @@ else:
     if runs:
         st.subheader("Test metrics" + (f" (mean ± std over {n_seeds} seeds)" if n_seeds > 1 else ""))
         show_table(nw.metric_rows(seeded), "test_metrics", key="metrics")
-        show_figure(nw.training_figure(runs), "training_loss", key="training")
+        show_figure(npl.training_figure(runs), "training_loss", key="training")
         keys = {n: (n, *hypers[n], epochs, hidden, arch, r.config["seed"]) for n, r in runs.items()}
         if "surface" in analyses:
             span = None
             with readable_errors("find the PCA planes"):
-                span = nw.pca_span(list(runs.values())) if plane == "pca" else None
+                span = na.pca_span(list(runs.values())) if plane == "pca" else None
             st.subheader("Loss surfaces")
             st.markdown(nt.surface_heading(plane, len(runs), span, shared_colours=True))
             surfaces = {}
@@ -158,19 +160,19 @@ else:
                     surfaces[name] = progressed(
                         "net_surfaces",
                         (keys[name], plane, resolution, span),
-                        lambda report, run=run: nw.surface_of(
+                        lambda report, run=run: na.surface_of(
                             run, kind=plane, resolution=resolution, span=span, progress=report
                         ),
                         f"loss surface of {name}",
                     )
-            zrange = nw.shared_range([s for s, _ in surfaces.values()])
+            zrange = npl.shared_range([s for s, _ in surfaces.values()])
             names = list(surfaces)
             for start in range(0, len(names), MAX_COLUMNS):
                 cols = st.columns(min(MAX_COLUMNS, len(names)))
                 for col, name in zip(cols, names[start : start + MAX_COLUMNS]):
                     s, path = surfaces[name]
                     title = f"{name}: log10 loss ({plane} plane)"
-                    fig = nw.surface_figure(s, path, title, zrange=zrange)
+                    fig = npl.surface_figure(s, path, title, zrange=zrange)
                     show_figure(fig, f"surface_{name}", key=f"surface_{name}", container=col)
                     col.caption(nw.surface_caption(s))
         spectra = None
@@ -181,13 +183,13 @@ else:
                     n: progressed(
                         "net_spectra",
                         keys[n],
-                        lambda report, r=r: nw.spectrum_of(r, progress=report),
+                        lambda report, r=r: na.spectrum_of(r, progress=report),
                         f"Hessian spectrum of {n}",
                     )
                     for n, r in runs.items()
                 }
-                show_figure(nw.spectrum_figure(spectra), "hessian_spectrum", key="spectrum")
-                show_table(nw.spectrum_rows(spectra), "hessian_spectrum", key="spectrum_rows")
+                show_figure(npl.spectrum_figure(spectra), "hessian_spectrum", key="spectrum")
+                show_table(nt.spectrum_rows(spectra), "hessian_spectrum", key="spectrum_rows")
                 st.caption(nt.spectrum_caption(spectra))
         if "interpolation" in analyses:
             st.subheader("Loss on the line between two solutions (training data)")
@@ -219,19 +221,19 @@ else:
                 st.info("Choose at least one sharpness measure in the sidebar.")
             else:
                 with readable_errors("measure sharpness"):
-                    measures = nw.sharpness_measures(list(sharp_measures), float(sharp_rho))
+                    measures = nt.sharpness_measures(list(sharp_measures), float(sharp_rho))
                     rows = []
                     for n, r in runs.items():
                         rows += progressed(
                             "net_sharpness",
                             (keys[n], tuple(sharp_measures), float(sharp_rho), sharp_split),
-                            lambda report, n=n, r=r: nw.sharpness_rows(
+                            lambda report, n=n, r=r: na.sharpness_rows(
                                 {n: r}, measures, split=sharp_split, report=report
                             ),
                             f"sharpness of {n}",
                         )
                     shown = [{k: v for k, v in row.items() if k != "as run"} for row in rows]
-                    st.dataframe(shown, hide_index=True, key="sharpness", column_config=nw.SHARPNESS_COLUMNS)
+                    st.dataframe(shown, hide_index=True, key="sharpness", column_config=nt.SHARPNESS_COLUMNS)
                     st.download_button(
                         "download sharpness (CSV)",
                         data=csv_bytes(rows),
@@ -240,9 +242,9 @@ else:
                         key="sharpness_csv",
                         on_click="ignore",
                     )
-                    p = nw.n_params(next(iter(runs.values())))
+                    p = na.n_params(next(iter(runs.values())))
                     st.markdown("**How each measure perturbs the weights** (the same for every optimizer)")
-                    st.table(nw.sharpness_details(rows, p))
+                    st.table(na.sharpness_details(rows, p))
                     notes = nt.sharpness_notes(rows, p, sharp_split)
                     agree = nt.trace_agreement(rows, spectra, sharp_split)
                     for line in notes + ([agree] if agree else []):

@@ -13,7 +13,7 @@ from dashboard import experiments_view as ev  # noqa: E402
 from dashboard import page_header, readable_errors  # noqa: E402
 from dashboard.widgets import computed_with_progress, show_figure  # noqa: E402
 
-from experiments.table import collect_runs  # noqa: E402
+from experiments.table import collect_runs, table_notes  # noqa: E402
 
 page_header(
     "Experiments",
@@ -94,9 +94,9 @@ with readable_errors("tabulate the runs"):
             on_click="ignore",
         )
         st.caption(eg.table_caption(entries, n_runs, columns))
-        for line in ev.table_notes(entries, ("settings", "config")):
+        for line in table_notes(entries, ("settings", "config")):
             st.info(line)
-        for line in ev.table_notes(entries, ("duplicates",)):
+        for line in table_notes(entries, ("duplicates",)):
             st.warning(line)
         failed = ev.diverged_rows(entries, root)
         if failed:

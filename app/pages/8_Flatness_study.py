@@ -10,6 +10,7 @@ sys.path.append(str(Path(__file__).resolve().parents[2]))  # experiments.study w
 
 import streamlit as st  # noqa: E402
 from dashboard import page_header, readable_errors  # noqa: E402
+from dashboard import study_data as sd  # noqa: E402
 from dashboard import study_view as sv  # noqa: E402
 from dashboard.query import QueryPresets  # noqa: E402
 from dashboard.widgets import show_figure, show_table  # noqa: E402
@@ -31,7 +32,7 @@ query = QueryPresets.from_page()
 with st.sidebar:
     where = st.text_input(
         "study directory or population CSV (empty: the committed example)",
-        value=str(sv.DEFAULT_DIR.relative_to(sv.ROOT)),
+        value=str(sd.DEFAULT_DIR.relative_to(sd.ROOT)),
         key="study_dir",
     )
     samples = st.select_slider(
@@ -51,20 +52,20 @@ with st.sidebar:
 
 study = None
 with readable_errors("load the study"):
-    study = sv.load_study(where)
+    study = sd.load_study(where)
 
 if study is not None:
     st.markdown(sv.stopping_text(study))
-    excluded = sv.excluded_rows(study)
+    excluded = sd.excluded_rows(study)
     if excluded:
         show_table(excluded, "study_excluded", key="study_excluded")
-    choices = sv.population_choices(study)
+    choices = sd.population_choices(study)
     label = lambda p: sv.population_label(study, p)  # noqa: E731
     asked = query.choice("population", choices, choices[0], label=str)
     population = st.selectbox(
         "population", choices, index=choices.index(asked), format_func=label, key="study_population"
     )
-    pooled = population == sv.POOLED
+    pooled = population == sd.POOLED
     with st.sidebar:
         leave_out = st.checkbox(
             "leave them out of the correlations",
@@ -75,7 +76,7 @@ if study is not None:
         )
     leave_out = leave_out and not pooled
     st.markdown(sv.population_text(study, population))
-    df = sv.population_frame(study, population)
+    df = sd.population_frame(study, population)
     st.markdown(sv.barely_trained_text(df, threshold, leave_out))
     if leave_out:
         df = df[~sv.barely_trained(df, threshold)]

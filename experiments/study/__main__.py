@@ -12,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.study.config import load_study_config
+from experiments.study.population import member_runs, run_population
+from experiments.study.report import write_report
 from landscape.cli_common import CliError, Parser, Terminated, add_debug_option, note, run_cli
+from sharpscape.resources import resolve_config
 
 __all__ = ["interrupted_error", "kept_files", "main"]
 
@@ -89,11 +93,6 @@ def _parser(prog: str = "python -m experiments.study") -> Parser:
 
 
 def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
-    from experiments.study.config import load_study_config
-    from experiments.study.population import member_runs, run_population
-    from experiments.study.report import write_report
-    from sharpscape.resources import resolve_config
-
     parser = _parser(prog)
     args = parser.parse_args(argv)
     if args.command == "run":

@@ -28,6 +28,9 @@ from typing import Any
 import numpy as np
 import tomllib
 
+import landscape as ls
+from landscape.models import available_models
+
 __all__ = [
     "AXES",
     "OPTIMIZERS",
@@ -102,8 +105,6 @@ def _fail(msg: str) -> None:
 
 
 def _check_space(space: dict[str, Any]) -> None:
-    from landscape.models import available_models
-
     bad = sorted(set(space) - set(AXES))
     if bad:
         _fail(f"space: unknown axis/axes {bad}; axes are {', '.join(AXES)}")
@@ -133,8 +134,6 @@ def _check_space(space: dict[str, Any]) -> None:
 
 
 def _check_measures(raw: list[Any]) -> list[dict[str, Any]]:
-    import landscape as ls
-
     measures = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or "measure" not in m:

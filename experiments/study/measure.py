@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import landscape as ls
 from experiments.data import RunData
 from experiments.study.config import model_id
 
@@ -50,8 +51,6 @@ def measure_member(
     ``sampling_seed + 1`` (the study's, not a population's: the same for every member of every
     population).
     """
-    import landscape as ls
-
     dtype = next(model.parameters()).dtype
     x, y = data.x_train.to(device=device, dtype=dtype), data.y_train.to(device)
     xt, yt = data.x_test.to(dtype=dtype), data.y_test.to(device)

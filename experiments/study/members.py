@@ -37,12 +37,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from experiments.amp import param_dtype
 from experiments.config import ConfigError, resolve_config
 from experiments.data import RunData, prepare_data
 from experiments.parallel import DistContext
 from experiments.runner import Run, plan_runs, run_one, validate
 from experiments.study.config import model_id
+from experiments.study.stopping import train_to_target
+from landscape.data import load_dataset
 from landscape.io import read_json
+from landscape.models import model_factory
 
 __all__ = [
     "RUNNER_DEFAULTS",
@@ -91,8 +95,6 @@ def _data_kwargs(cfg: dict[str, Any], spec: str) -> dict[str, Any]:
 @functools.lru_cache(maxsize=8)
 def _train_shape(spec: str, kwargs_json: str) -> tuple[int, tuple[int, ...], int]:
     """``(examples, input shape, classes)`` of a training split."""
-    from landscape.data import load_dataset
-
     x, y = load_dataset(spec, "train", **json.loads(kwargs_json))
     return len(y), tuple(x.shape[1:]), int(y.max()) + 1
 
@@ -184,8 +186,6 @@ def train_member(
     :func:`experiments.study.stopping.train_to_target`; returns the runner's metrics row (with
     ``stop``, the record of the stopping rule, under one)."""
     if stop:
-        from experiments.study.stopping import train_to_target
-
         return train_to_target(run, stop, device=device, progress=progress)
     return run_one(run, device=device, ctx=DistContext(), progress=progress)
 
@@ -198,9 +198,6 @@ def load_member(run: Run, *, device: torch.device) -> tuple[nn.Module, RunData, 
         ValueError: the run is not finished (no ``results.json``) or its checkpoint is not the one
             its results were computed from.
     """
-    from experiments.amp import param_dtype
-    from landscape.models import model_factory
-
     res_path, ckpt = run.run_dir / "results.json", run.run_dir / "checkpoint.pt"
     if not res_path.is_file() or not ckpt.is_file():
         raise ValueError(f"run {run.run_dir} is not finished; train it first (train_member)")

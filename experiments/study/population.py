@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from experiments.runner import Run, semantic_config
+from experiments.run_identity import semantic_config
+from experiments.runner import Run
 from experiments.study.config import model_id, plan_population
 from experiments.study.measure import measure_member
 from experiments.study.members import load_member, member_run, sharpness_subset, train_member

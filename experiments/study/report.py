@@ -32,7 +32,6 @@ __all__ = [
     "collect_rows",
     "format_combined",
     "format_markdown",
-    "plot_study",
     "write_report",
     "write_table",
 ]

@@ -32,8 +32,18 @@ from typing import Any
 
 import torch
 
-from experiments.runner import Run
+from experiments.checkpoint import check_checkpoint
+from experiments.divergence import Diverged
+from experiments.evaluate import evaluate_run
+from experiments.parallel import DistContext
+from experiments.run_check import check_run_dir
+from experiments.run_identity import fingerprint
+from experiments.run_lock import run_dir_lock
+from experiments.runner import Run, completed, environment, save_run
 from experiments.study.measure import error_and_loss
+from experiments.toml_writer import dumps
+from experiments.train import Trainer
+from landscape.io import atomic_write_json, atomic_write_text, read_json
 
 __all__ = ["StopMismatch", "stop_record", "train_to_target"]
 
@@ -47,49 +57,44 @@ class _Reached(Exception):
     written by then)."""
 
 
-def _trainer_class() -> type:
-    from experiments.train import Trainer
+class StoppingTrainer(Trainer):
+    """:class:`experiments.train.Trainer` that records the full training-set loss and error after
+    every epoch and starts no epoch after the one that reached ``target``. It extends the
+    trainer's per-epoch hooks ``_end_of_epoch_checks`` and ``_train_epoch`` (so the trainer's own
+    loop, checkpoints and logs are used unchanged; ``tests/test_study_stopping.py`` checks the
+    result against the runner bit for bit) and ``restore``."""
 
-    class StoppingTrainer(Trainer):
-        """:class:`experiments.train.Trainer` that records the full training-set loss and error after
-        every epoch and starts no epoch after the one that reached ``target``. It extends the
-        trainer's per-epoch hooks ``_end_of_epoch_checks`` and ``_train_epoch`` (so the trainer's own
-        loop, checkpoints and logs are used unchanged; ``tests/test_study_stopping.py`` checks the
-        result against the runner bit for bit) and ``restore``."""
+    target: float = 0.0
+    reached: bool = False
 
-        target: float = 0.0
-        reached: bool = False
+    def restore(self) -> bool:
+        had = super().restore()
+        losses = [h.get("full_train_loss") for h in self.history]
+        if any(v is None for v in losses):
+            raise StopMismatch(
+                f"the checkpoint in {self.run_dir} was trained without the study's stopping rule "
+                "(its history has no full_train_loss) — delete the run directory to train it again"
+            )
+        early = [i + 1 for i, v in enumerate(losses[:-1]) if v <= self.target]
+        if early:
+            raise StopMismatch(
+                f"the checkpoint in {self.run_dir} trained past epoch {early[0]}, where the training "
+                f"loss {losses[early[0] - 1]:.4g} had reached stop.train_loss = {self.target:g} "
+                "(a run of another stopping rule) — delete the run directory to train it again"
+            )
+        self.reached = bool(losses) and losses[-1] <= self.target
+        return had
 
-        def restore(self) -> bool:
-            had = super().restore()
-            losses = [h.get("full_train_loss") for h in self.history]
-            if any(v is None for v in losses):
-                raise StopMismatch(
-                    f"the checkpoint in {self.run_dir} was trained without the study's stopping rule "
-                    "(its history has no full_train_loss) — delete the run directory to train it again"
-                )
-            early = [i + 1 for i, v in enumerate(losses[:-1]) if v <= self.target]
-            if early:
-                raise StopMismatch(
-                    f"the checkpoint in {self.run_dir} trained past epoch {early[0]}, where the training "
-                    f"loss {losses[early[0] - 1]:.4g} had reached stop.train_loss = {self.target:g} "
-                    "(a run of another stopping rule) — delete the run directory to train it again"
-                )
-            self.reached = bool(losses) and losses[-1] <= self.target
-            return had
+    def _end_of_epoch_checks(self, row: dict[str, Any], epoch: int, evaluate: bool) -> None:
+        super()._end_of_epoch_checks(row, epoch, evaluate)
+        err, loss = error_and_loss(self.model, self.x_train, self.y_train)
+        row["full_train_loss"], row["full_train_error"] = loss, err
+        self.reached = loss <= self.target  # False for NaN
 
-        def _end_of_epoch_checks(self, row: dict[str, Any], epoch: int, evaluate: bool) -> None:
-            super()._end_of_epoch_checks(row, epoch, evaluate)
-            err, loss = error_and_loss(self.model, self.x_train, self.y_train)
-            row["full_train_loss"], row["full_train_error"] = loss, err
-            self.reached = loss <= self.target  # False for NaN
-
-        def _train_epoch(self, epoch: int) -> dict[str, Any]:
-            if self.reached:
-                raise _Reached
-            return super()._train_epoch(epoch)
-
-    return StoppingTrainer
+    def _train_epoch(self, epoch: int) -> dict[str, Any]:
+        if self.reached:
+            raise _Reached
+        return super()._train_epoch(epoch)
 
 
 def stop_record(history: list[dict[str, Any]], stop: dict[str, Any]) -> dict[str, Any]:
@@ -127,16 +132,6 @@ def train_to_target(
     Raises:
         StopMismatch: the run directory holds a run of another stopping rule.
     """
-    from experiments.checkpoint import check_checkpoint
-    from experiments.divergence import Diverged
-    from experiments.evaluate import evaluate_run
-    from experiments.parallel import DistContext
-    from experiments.run_check import check_run_dir
-    from experiments.run_lock import run_dir_lock
-    from experiments.runner import completed, environment, fingerprint, save_run
-    from experiments.toml_writer import dumps
-    from landscape.io import atomic_write_json, atomic_write_text, read_json
-
     if run.cfg["train"]["epochs"] != stop["max_epochs"]:
         raise ValueError(f"run {run.run_dir}: train.epochs must equal stop.max_epochs = {stop['max_epochs']}")
     ctx = DistContext()
@@ -154,7 +149,7 @@ def train_to_target(
         check_checkpoint(run.run_dir / "checkpoint.pt", fp)
         run.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.run_dir / "config.toml", dumps(run.cfg))
-        trainer = _trainer_class()(
+        trainer = StoppingTrainer(
             run.cfg, run.run_dir, seed=run.seed, device=device, ctx=ctx, progress=progress, fingerprint=fp
         )
         trainer.target = float(stop["train_loss"])

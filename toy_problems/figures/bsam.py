@@ -12,9 +12,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from optimizers import MFVI, SAM, BayesianSAM
 from toy_problems.figures.common import REDUCED_BELOW, pyplot, save_png
 from toy_problems.figures.palette import method_color
-from toy_problems.logistic import Gaussian, LogisticRegression, predictive_distances
+from toy_problems.logistic import (
+    Gaussian,
+    LogisticRegression,
+    gaussian_probit_predictive,
+    predictive_distances,
+)
 from toy_problems.trajectory import run_trajectory
 from toy_problems.two_moons import TwoMoons
 
@@ -88,8 +94,6 @@ def compute_logistic_results(
     calls its ``step()`` after every optimizer step; e.g. a progress bar); the numbers do not depend
     on it.
     """
-    from optimizers import MFVI, SAM, BayesianSAM
-
     tick = ticks or (lambda method, steps: None)
     prob = LogisticRegression()
     post = prob.exact_posterior()
@@ -246,8 +250,6 @@ def _flat(model) -> torch.Tensor:
 
 
 def _train_moons(prob: TwoMoons, method: str, epochs: int, on_epoch: Callable[[int], None] | None = None):
-    from optimizers import SAM, BayesianSAM
-
     s = MOONS_SETTINGS
     model = prob.make_model(seed=s["seed"])
     X, y = prob.data
@@ -297,8 +299,6 @@ def _laplace_linearised(prob: TwoMoons, model, XG: torch.Tensor, prior_precision
     ``prec = sum_i s_i(1-s_i) J_i^2 + prior_precision``, logit variance ``sum_j J_j(x)^2 / prec_j``,
     ``p = E sigmoid`` by Gauss-Hermite."""
     from torch.func import functional_call, jacrev, vmap
-
-    from toy_problems.logistic import gaussian_probit_predictive
 
     params = {k: v.detach() for k, v in model.named_parameters()}
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from landscape.io import atomic_write, atomic_write_json, atomic_write_text
+
 __all__ = ["REDUCED_BELOW", "DPI", "pyplot", "save_png", "save_json", "save_html", "contour_levels"]
 
 REDUCED_BELOW = 100
@@ -25,23 +27,17 @@ def pyplot():
 
 def save_png(fig, path: Path) -> None:
     """Write a matplotlib figure as PNG atomically and close it."""
-    from landscape.io import atomic_write
-
     atomic_write(path, lambda p: fig.savefig(p, dpi=DPI, format="png", bbox_inches="tight"))
     pyplot().close(fig)
 
 
 def save_json(obj: dict, path: Path) -> None:
     """Write the numbers a figure shows as JSON, atomically."""
-    from landscape.io import atomic_write_json
-
     atomic_write_json(path, obj)
 
 
 def save_html(fig, path: Path) -> None:
     """Write a Plotly figure as a stand-alone HTML page (plotly.js from its CDN), atomically."""
-    from landscape.io import atomic_write_text
-
     atomic_write_text(path, fig.to_html(include_plotlyjs="cdn", full_html=True))
 
 

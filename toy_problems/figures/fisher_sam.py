@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from optimizers import ASAM, SAM, FisherSAM
 from toy_problems.base import gradient, hessian
 from toy_problems.figures.common import REDUCED_BELOW, contour_levels, pyplot, save_html, save_png
 from toy_problems.gaussian_mixture import GaussianMixture
@@ -193,8 +194,6 @@ def method_settings(gamma: float | None = None) -> dict[str, str]:
 def _factories(prob: GaussianMixture, gamma: float | None = None):
     """(label, optimizer factory, neighbourhood semi-axes at a point, settings text) for SAM, FSAM and
     ASAM with :data:`FSAM_SETTINGS` (``gamma`` overrides SAM's radius and FSAM's Fisher radius)."""
-    from optimizers import ASAM, SAM, FisherSAM
-
     s = FSAM_SETTINGS
     g = s["gamma"] if gamma is None else gamma
     lr, ra, eta = s["lr"], s["asam_rho"], s["asam_eta"]

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+import landscape as ls
 import toy_problems as tp
 
 from ..layout import fmt, fmt_point
@@ -239,8 +240,6 @@ def classify_network_point(model: torch.nn.Module, loss_fn: Any, data: Any) -> N
     (non-finite), "not converged" (a gradient step would still lower the loss by more than
     ``NET_DROP_RTOL`` of it), else "saddle point" (``lambda_min < -NET_CURVATURE_RTOL lambda_max``)
     or "minimum"."""
-    import landscape as ls
-
     obj = ls.Objective(model, loss_fn, data)
     loss = float(obj.loss())
     g = obj.gradient()
