@@ -9,7 +9,7 @@ and to resolve a parameter selection (:func:`select_params`, tied parameters und
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -155,16 +155,24 @@ def _nonfinite(t: torch.Tensor) -> int:
     return int((~torch.isfinite(t)).sum())
 
 
+class DataScan(NamedTuple):
+    """What one pass over the data found (:func:`scan_data`); the Objective stores it."""
+
+    batch_sizes: list[int]
+    issues: dict[int, str]  # batch -> what in its inputs/targets is not finite
+    labels: list[tuple[int, int, int]]  # (batch, min, max) of integer targets
+    first: tuple[Inputs, torch.Tensor]  # the first batch, for the validation pass
+
+
 def scan_data(
-    obj: Any, record: Callable[[Any, torch.Tensor], None] | None = None
-) -> tuple[Any, torch.Tensor]:
-    """One pass over ``obj.data``: structure, devices, lengths, non-finite values and label ranges of
-    every batch.  Sets ``obj.batch_sizes``, ``obj._local_num_examples``, ``obj._data_issues`` (batch
-    -> what is not finite, reported when that batch is evaluated) and ``obj._labels`` (batch, min,
-    max of integer targets); ``record(inputs, targets)`` is called on every well-formed batch (the
-    objective's fingerprint of the pass, ``landscape.data_fingerprint``); returns the first batch
-    (for the validation pass)."""
-    data = obj.data
+    data: Any,
+    device: torch.device | None,
+    ignore_index: int = -100,
+    record: Callable[[Any, torch.Tensor], None] | None = None,
+) -> DataScan:
+    """One pass over ``data``: structure, lengths, non-finite values and label ranges of every
+    batch; with a ``device``, every tensor must lie on it.  ``record(inputs, targets)`` is called on
+    every well-formed batch (the objective's fingerprint of the pass, ``landscape.data_fingerprint``)."""
     if isinstance(data, torch.Tensor) or not isinstance(data, Iterable):
         raise TypeError(
             "data must be one (inputs, targets) batch or a re-iterable of such batches "
@@ -172,10 +180,9 @@ def scan_data(
         )
     if iter(data) is data:
         raise one_shot_error(f"a {type(data).__name__} is its own iterator")
-    ignore = getattr(obj.loss_fn, "ignore_index", -100)
     sizes: list[int] = []
     issues: dict[int, str] = {}
-    labels: list[tuple[int, int, int]] = []  # (batch, min, max) of integer targets
+    labels: list[tuple[int, int, int]] = []
     first = None
     for k, batch in enumerate(data):
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
@@ -192,12 +199,12 @@ def scan_data(
             )
         if targets.ndim == 0:
             raise ValueError(f"batch {k}: targets must have a batch dimension, got a 0-d tensor")
-        if not obj._explicit_device:
+        if device is not None:
             for t in [*_tensors(inputs), targets]:
-                if t.device != obj.device:
+                if t.device != device:
                     raise ValueError(
                         f"batch {k} lies on device {t.device} but the model's parameters are on "
-                        f"{obj.device}; pass device='{t.device}' to Objective (evaluates with "
+                        f"{device}; pass device='{t.device}' to Objective (evaluates with "
                         f"copies there) or move the model/data with .to('{t.device}')"
                     )
         n = int(targets.shape[0])
@@ -215,7 +222,7 @@ def scan_data(
             where += [f"its targets contain {bad_y} NaN/inf value(s)"] if bad_y else []
             issues[k] = " and ".join(where)
         if not targets.is_floating_point() and not targets.is_complex() and targets.dtype != torch.bool:
-            valid = targets[targets != ignore]
+            valid = targets[targets != ignore_index]
             if valid.numel():
                 labels.append((k, int(valid.min()), int(valid.max())))
         sizes.append(n)
@@ -225,13 +232,9 @@ def scan_data(
             first = (inputs, targets)
     if not sizes or sum(sizes) == 0:
         raise ValueError("data is empty: it holds no batches / no examples")
-    obj.batch_sizes = sizes
-    obj._local_num_examples = sum(sizes)
-    obj._data_issues = issues
-    obj._labels = labels
     if not _reiterable_by_contract(data) and next(iter(data), None) is None:
         raise one_shot_error(f"a second pass over the data yields no batch (the first gave {len(sizes)})")
-    return first
+    return DataScan(sizes, issues, labels, first)
 
 
 def data_issue_message(k: int, issue: str, what: str = "the loss on") -> str:
