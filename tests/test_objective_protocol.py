@@ -8,8 +8,10 @@ attributes of ``class Objective``); every other project module is parsed and eac
 where the receiver looks like an objective: a name or attribute such as ``obj``, ``objective``,
 ``o``, ``sub_obj``, ``self.objective``, ``ctx.obj``, or ``self`` inside a subclass of an
 ``...Objective`` class.  Any *assignment* of a private attribute on such a receiver counts too,
-whether or not objective.py defines the name (state set from outside), and so does a subclass's
-``def`` of one of the private methods (an override of a private hook)."""
+whether or not objective.py defines the name (state set from outside), and so does any
+``getattr``/``hasattr`` probe of a private name (``getattr(obj, "_data", None)`` silently reads the
+default once the name is gone) and a subclass's ``def`` of one of the private methods (an
+override of a private hook)."""
 
 from __future__ import annotations
 
@@ -78,7 +80,6 @@ def private_uses(source: str, names: set[str]) -> list[tuple[int, str]]:
             and isinstance(node.args[1], ast.Constant)
             and isinstance(node.args[1].value, str)
             and _private(node.args[1].value)
-            and (node.args[1].value in names or node.func.id in ("setattr", "delattr"))
             and _objective_like(node.args[0], in_subclass)
         ):
             found.append((node.lineno, ast.unparse(node)))
@@ -107,6 +108,7 @@ def f(obj, op, ctx):
     issues = obj._data_issues
     op.objective._forward({}, {}, None)
     getattr(ctx.obj, "_mutated")
+    cached = getattr(obj, "_gone", None)
     obj._anything_new = 1
     sub_obj = obj.subset("0")
     return sub_obj._output_kind, obj.model._modules, objective.num_examples
@@ -127,6 +129,7 @@ class Other:
         "obj._data_issues",
         "op.objective._forward",
         "getattr(ctx.obj, '_mutated')",
+        "getattr(obj, '_gone', None)",
         "obj._anything_new",
         "sub_obj._output_kind",
         "self._pslots",
