@@ -70,8 +70,6 @@ __all__ = [
     "call_forward",
 ]
 
-INPUT_MODES = ("auto", "positional", "kwargs")
-
 
 def in_transform() -> bool:
     """True inside a ``torch.func`` transform (grad, vmap, jvp, ...), at any nesting level."""
@@ -201,9 +199,7 @@ def _binds_as_keywords(model: nn.Module, keys: list[str]) -> bool:
 
 def resolve_input_mode(model: nn.Module, inputs: Any, input_mode: str) -> bool:
     """Whether dict inputs are passed as keyword arguments (``model(**inputs)``), decided on the first
-    batch's ``inputs`` (see the module docstring)."""
-    if input_mode not in INPUT_MODES:
-        raise ValueError(f"input_mode must be one of {list(INPUT_MODES)}, got {input_mode!r}")
+    batch's ``inputs`` (see the module docstring; ``input_mode`` is checked by the constructor)."""
     is_dict = isinstance(inputs, Mapping)
     if input_mode == "kwargs" and not is_dict:
         raise TypeError(

@@ -111,7 +111,9 @@ class Objective:
         seed: int = 0,
         input_mode: str = "auto",
     ) -> None:
-        reduction = V.check_arguments(model, loss_fn, reduction, mode, dtype, output_fn, stochastic, seed)
+        reduction = V.check_arguments(
+            model, loss_fn, reduction, mode, dtype, output_fn, stochastic, seed, input_mode
+        )
         V.check_model(model)
         self.model = model
         self.loss_fn = loss_fn

@@ -45,6 +45,7 @@ __all__ = [
     "check_determinism",
 ]
 
+INPUT_MODES = ("auto", "positional", "kwargs")  # how dict inputs reach the forward (_objective_func)
 _CE = (nn.CrossEntropyLoss, nn.NLLLoss)
 _CE_FN = (F.cross_entropy, F.nll_loss)
 _ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCEWithLogitsLoss, nn.BCELoss)
@@ -81,6 +82,7 @@ def check_arguments(
     output_fn: Any,
     stochastic: Any,
     seed: Any,
+    input_mode: Any,
 ) -> str:
     """The plain arguments of ``Objective``; returns the resolved ``reduction``."""
     if not isinstance(model, nn.Module):
@@ -104,6 +106,8 @@ def check_arguments(
         raise ValueError(f"stochastic must be None or 'fixed', got {stochastic!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {seed!r}")
+    if input_mode not in INPUT_MODES:
+        raise ValueError(f"input_mode must be one of {list(INPUT_MODES)}, got {input_mode!r}")
     return reduction
 
 
