@@ -340,15 +340,7 @@ class Objective:
 
     def require_fixed(self, what: str, per_example: bool = False) -> None:
         """Refuse to build curvature operators on non-finite data or a random forward."""
-        V.require_fixed(
-            what,
-            per_example,
-            issues=self._data_issues,
-            batch_coupled=self.batch_coupled,
-            random_forward=self.random_forward,
-            stochastic=self.stochastic,
-            mode=self.mode,
-        )
+        V.require_fixed(self, self._data_issues, what, per_example)
 
     def _differentiable(self, what: str) -> None:
         if type(self).all_reduce is not Objective.all_reduce:  # a sum across ranks detaches

@@ -157,28 +157,19 @@ def check_model(model: nn.Module) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def require_fixed(
-    what: str,
-    per_example: bool,
-    *,
-    issues: Mapping[int, str],
-    batch_coupled: Sequence[str],
-    random_forward: bool,
-    stochastic: str | None,
-    mode: str,
-) -> None:
+def require_fixed(obj: Any, issues: Mapping[int, str], what: str, per_example: bool = False) -> None:
     """Refuse a curvature operator on non-finite data (``issues``: batch -> what is not finite), or
     on a forward that is random (without ``stochastic="fixed"``) or, for per-example gradients,
-    couples the examples of a batch (``batch_coupled``: BatchNorm layers on batch statistics)."""
+    couples the examples of a batch (``obj.batch_coupled``: BatchNorm layers on batch statistics)."""
     for k, issue in issues.items():
         raise ValueError(data_issue_message(k, issue, "the data of"))
-    if per_example and batch_coupled:
+    if per_example and obj.batch_coupled:
         raise ValueError(
-            f"BatchNorm layer(s) {batch_coupled} run in train mode (batch statistics), which "
+            f"BatchNorm layer(s) {obj.batch_coupled} run in train mode (batch statistics), which "
             f"couples the examples of a batch: per-example gradients ({what}) are not defined; use "
             "mode='eval' (running statistics)"
         )
-    if random_forward and (per_example or stochastic != "fixed"):
+    if obj.random_forward and (per_example or obj.stochastic != "fixed"):
         fix = (
             "use mode='eval' (per-example gradients of a random forward are not defined)"
             if per_example
@@ -186,7 +177,7 @@ def require_fixed(
             "Objective(..., stochastic='fixed', seed=0)"
         )
         raise ValueError(
-            f"the model's forward draws random numbers in mode={mode!r} (dropout or other "
+            f"the model's forward draws random numbers in mode={obj.mode!r} (dropout or other "
             f"randomness), so every {what} product would be random and eigenvalue/trace estimates "
             f"meaningless; {fix}"
         )
@@ -197,22 +188,17 @@ def check_loss_finite(
 ) -> None:
     """Refuse a non-finite loss of batch ``k`` naming why: its data (``issue``, found by the scan),
     the parameters ``full``, or an overflow."""
-    if not bool(torch.isfinite(value).all()):
-        raise ValueError(_nonfinite_message(value, k, full, issue))
-
-
-def _nonfinite_message(
-    value: torch.Tensor, k: int, full: Mapping[str, torch.Tensor] | None, issue: str | None
-) -> str:
+    if bool(torch.isfinite(value).all()):
+        return
     if issue:
-        return data_issue_message(k, issue)
+        raise ValueError(data_issue_message(k, issue))
     bad = [n for n, t in (full or {}).items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
-        return (
+        raise ValueError(
             f"the loss on batch {k} is not finite ({float(value):g}): the parameters {bad} contain "
             "NaN/inf; evaluate at finite parameters"
         )
-    return (
+    raise ValueError(
         f"the loss on batch {k} is not finite ({float(value):g}); the data is finite, so the model or "
         "loss overflows there: check the model's parameters/scale, or use dtype=torch.float64"
     )
