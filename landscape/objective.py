@@ -13,10 +13,11 @@ snapshots and restores parameters, buffers, ``.grad``, train/eval flags and para
 bit-exactly.  Tied parameters (one module used under two names, an embedding tied to the output
 layer) are one parameter under their ``named_parameters()`` name; the functional call fills every
 slot that holds them (``landscape.guard.tensor_slots``), so the Hessian of a tied model is the one
-with respect to the shared tensor.  Bad inputs are caught at construction by
-``landscape.validation`` (a validation pass on the first batch).
-
-The contract (other modules rely on it) is documented in ``docs/OBJECTIVE_API.md``.
+with respect to the shared tensor.  Bad inputs are caught at construction: the data scan
+(``landscape.inputs.scan_data``) and the validation pass on the first batch
+(``landscape.validation``) return what they found, and the constructor stores it: every attribute
+of an Objective is assigned in this module.  Other modules use its public protocol, documented in
+``docs/OBJECTIVE_API.md``, never its private members (``tests/test_objective_protocol.py``).
 """
 
 from __future__ import annotations
