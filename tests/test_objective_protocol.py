@@ -57,8 +57,9 @@ def _objective_like(receiver: ast.expr, in_subclass: bool) -> bool:
 
 
 def private_uses(source: str, names: set[str]) -> list[tuple[int, str]]:
-    """``(line, text)`` of every access to one of ``names`` (and every private assignment) on an
-    objective-like receiver in ``source``."""
+    """``(line, text)`` of every access to one of ``names``, every private assignment and every
+    ``getattr``-family probe of a private name on an objective-like receiver in ``source``, and of
+    every ``def`` of one of ``names`` in a subclass of an ``...Objective`` class."""
     tree = ast.parse(source)
     found: list[tuple[int, str]] = []
 
