@@ -1,5 +1,4 @@
-"""The :class:`~landscape.Objective` as a differentiable function of the parameters passed to it, and
-how a batch's inputs reach the model's forward.
+"""The :class:`~landscape.Objective` as a differentiable function of the parameters passed to it.
 
 Differentiable evaluation
 -------------------------
@@ -33,31 +32,20 @@ Cannot be differentiated: ``evaluate`` (Python floats) and a ``DistributedObject
 all-reduce across ranks detaches); both raise naming the alternative.
 The functions read the objective through its public protocol (``guard``, ``point``, ``buffers``,
 ``batches``, ``batch_loss``) and take the scan's record of non-finite batches as a value; they set
-nothing on it (its state lives in ``landscape.objective``).
-
-Inputs as keyword arguments
----------------------------
-``input_mode`` decides how a batch's ``inputs`` are passed (:func:`resolve_input_mode`): a tensor
-as ``model(x)``, a tuple/list as ``model(*x)``, and a dict either as one argument ``model(d)``
-(``"positional"``) or as keyword arguments ``model(**d)`` (``"kwargs"``, HuggingFace style:
-``forward(input_ids, attention_mask)``).  ``"auto"`` (the default) passes a dict as keywords when
-every key names a parameter of ``model.forward`` that can be given by keyword and the keys bind to
-its signature, else as one argument.
+nothing on it (its state lives in ``landscape.objective``).  How a batch's inputs reach the forward
+(``input_mode``) is ``landscape.inputs``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from torch import nn
-from torch.func import functional_call
 
 from landscape import validation as V
-from landscape.inputs import _as_args, data_issue_message
+from landscape.inputs import data_issue_message
 
 __all__ = [
     "in_transform",
@@ -66,8 +54,6 @@ __all__ = [
     "loss_and_gradient",
     "refuse_transform",
     "not_differentiable",
-    "resolve_input_mode",
-    "call_forward",
 ]
 
 
@@ -176,57 +162,3 @@ def loss_and_gradient(obj: Any, params: Any, issues: Mapping[int, str]) -> tuple
             total = total + lk
             grad = grad + gk
         return total, grad
-
-
-# --------------------------------------------------------------------------------------------
-# how inputs are passed to the forward
-# --------------------------------------------------------------------------------------------
-def _binds_as_keywords(model: nn.Module, keys: list[str]) -> bool:
-    try:
-        sig = inspect.signature(model.forward)
-    except (TypeError, ValueError):  # builtins, some scripted modules: no signature
-        return False
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    named = {n for n, p in sig.parameters.items() if p.kind in kinds}
-    if not all(isinstance(k, str) and k in named for k in keys):
-        return False
-    try:
-        sig.bind(**dict.fromkeys(keys))
-    except TypeError:
-        return False
-    return True
-
-
-def resolve_input_mode(model: nn.Module, inputs: Any, input_mode: str) -> bool:
-    """Whether dict inputs are passed as keyword arguments (``model(**inputs)``), decided on the first
-    batch's ``inputs`` (see the module docstring; ``input_mode`` is checked by the constructor)."""
-    is_dict = isinstance(inputs, Mapping)
-    if input_mode == "kwargs" and not is_dict:
-        raise TypeError(
-            f"input_mode='kwargs' calls model(**inputs), but the first batch's inputs are a "
-            f"{type(inputs).__name__}, not a dict of tensors; use input_mode='auto'"
-        )
-    if input_mode == "auto":
-        return is_dict and _binds_as_keywords(model, list(inputs))
-    return input_mode == "kwargs"
-
-
-def call_forward(model: nn.Module, params: dict, buffers: dict, inputs: Any, kwargs_inputs: bool) -> Any:
-    """``functional_call`` of ``model`` on ``inputs`` (``kwargs_inputs``: a dict as ``model(**d)``).
-    A dict passed as one argument that does not fit the forward's signature gets a hint naming
-    ``input_mode='kwargs'``."""
-    if kwargs_inputs and isinstance(inputs, Mapping):
-        return functional_call(model, (params, buffers), (), dict(inputs), tie_weights=False)
-    try:
-        return functional_call(model, (params, buffers), _as_args(inputs), tie_weights=False)
-    except TypeError as err:
-        text = str(err)
-        if not isinstance(inputs, Mapping) or not (
-            "positional argument" in text or "keyword argument" in text
-        ):
-            raise
-        raise TypeError(  # the hint first: the validation pass keeps the first 300 characters
-            "the dict of inputs was passed as one argument, model(inputs); if the forward takes its "
-            f"keys {list(inputs)} as keyword arguments, pass Objective(..., input_mode='kwargs') to "
-            f"call model(**inputs) ({text.strip()})"
-        ) from err

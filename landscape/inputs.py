@@ -1,18 +1,25 @@
 """The data forms an :class:`~landscape.Objective` accepts: a batch is ``(inputs, targets)`` where
 ``inputs`` is a tensor, a tuple/list of tensors (positional arguments of ``forward``) or a dict of
 tensors (keyword arguments).  Helpers to recognise, map and unpack them, to count correct
-predictions of a classifier's output, to scan a data set once (:func:`scan_data`: structure,
-devices, lengths, non-finite values, label ranges, one-shot sources), to turn a forward's return
-value into the tensor the loss takes (:func:`pick_output`: ``output_fn``, HuggingFace ``logits``)
-and to resolve a parameter selection (:func:`select_params`, tied parameters under any name)."""
+predictions of a classifier's output, to pass them to the forward (:func:`resolve_input_mode`,
+:func:`call_forward`: a tensor as ``model(x)``, a tuple as ``model(*x)``, a dict as one argument
+``model(d)`` or, ``input_mode="kwargs"`` or ``"auto"`` on a forward whose parameters its keys name,
+as ``model(**d)``, HuggingFace style), to scan a data set once (:func:`scan_data`: structure,
+devices, lengths, non-finite values, label ranges, one-shot sources; it returns a
+:class:`DataScan` the Objective stores), to turn a forward's return value into the tensor the loss
+takes (:func:`pick_output`: ``output_fn``, HuggingFace ``logits``) and to resolve a parameter
+selection (:func:`select_params`, tied parameters under any name).  Pure functions: the Objective
+keeps what they return."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 Inputs = torch.Tensor | tuple | dict
 
@@ -129,6 +136,62 @@ def pick_output(out: Any, kind: str, output_fn: Callable | None) -> torch.Tensor
     if not isinstance(out, torch.Tensor):
         raise output_error(out)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# how inputs are passed to the forward (``input_mode``)
+# --------------------------------------------------------------------------------------------
+def _binds_as_keywords(model: nn.Module, keys: list[str]) -> bool:
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # builtins, some scripted modules: no signature
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = {n for n, p in sig.parameters.items() if p.kind in kinds}
+    if not all(isinstance(k, str) and k in named for k in keys):
+        return False
+    try:
+        sig.bind(**dict.fromkeys(keys))
+    except TypeError:
+        return False
+    return True
+
+
+def resolve_input_mode(model: nn.Module, inputs: Any, input_mode: str) -> bool:
+    """Whether dict inputs are passed as keyword arguments (``model(**inputs)``), decided on the first
+    batch's ``inputs``: always for ``"kwargs"`` (a dict is required), never for ``"positional"``, and
+    for ``"auto"`` when every key names a parameter of ``model.forward`` that can be given by keyword
+    and the keys bind to its signature (``input_mode`` is checked by the constructor)."""
+    is_dict = isinstance(inputs, Mapping)
+    if input_mode == "kwargs" and not is_dict:
+        raise TypeError(
+            f"input_mode='kwargs' calls model(**inputs), but the first batch's inputs are a "
+            f"{type(inputs).__name__}, not a dict of tensors; use input_mode='auto'"
+        )
+    if input_mode == "auto":
+        return is_dict and _binds_as_keywords(model, list(inputs))
+    return input_mode == "kwargs"
+
+
+def call_forward(model: nn.Module, params: dict, buffers: dict, inputs: Any, kwargs_inputs: bool) -> Any:
+    """``functional_call`` of ``model`` on ``inputs`` (``kwargs_inputs``: a dict as ``model(**d)``).
+    A dict passed as one argument that does not fit the forward's signature gets a hint naming
+    ``input_mode='kwargs'``."""
+    if kwargs_inputs and isinstance(inputs, Mapping):
+        return functional_call(model, (params, buffers), (), dict(inputs), tie_weights=False)
+    try:
+        return functional_call(model, (params, buffers), _as_args(inputs), tie_weights=False)
+    except TypeError as err:
+        text = str(err)
+        if not isinstance(inputs, Mapping) or not (
+            "positional argument" in text or "keyword argument" in text
+        ):
+            raise
+        raise TypeError(  # the hint first: the validation pass keeps the first 300 characters
+            "the dict of inputs was passed as one argument, model(inputs); if the forward takes its "
+            f"keys {list(inputs)} as keyword arguments, pass Objective(..., input_mode='kwargs') to "
+            f"call model(**inputs) ({text.strip()})"
+        ) from err
 
 
 # --------------------------------------------------------------------------------------------

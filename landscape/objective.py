@@ -39,8 +39,10 @@ from landscape.inputs import (
     _is_single_batch,
     _map_inputs,
     _num_correct,
+    call_forward,
     one_shot_error,
     pick_output,
+    resolve_input_mode,
     scan_data,
     select_params,
 )
@@ -170,7 +172,7 @@ class Objective:
         # N, over every data-parallel rank (all_reduce is the identity on one process)
         count = torch.tensor([float(self.local_num_examples)], dtype=torch.float64)
         self.num_examples = int(self.all_reduce(count).item())
-        self._kwargs_inputs = OF.resolve_input_mode(model, scan.first[0], input_mode)
+        self._kwargs_inputs = resolve_input_mode(model, scan.first[0], input_mode)
         found = V.validate_first_batch(self, self._forward, *scan.first, scan.labels)
         self.random_forward = found.random_forward
         self.batch_coupled = found.batch_coupled
@@ -307,7 +309,7 @@ class Objective:
         module registered under two names with the copy), nothing of the model's own tensors touched."""
         ps = full_params if self._pslots is None else {s: full_params[c] for s, c in self._pslots.items()}
         bs = buffers if self._bslots is None else {s: buffers[c] for s, c in self._bslots.items()}
-        return OF.call_forward(self.model, dict(ps), dict(bs), inputs, self._kwargs_inputs)
+        return call_forward(self.model, dict(ps), dict(bs), inputs, self._kwargs_inputs)
 
     def call(self, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], inputs: Inputs):
         """Outputs for explicit parameter and buffer dicts (canonical names; every parameter and

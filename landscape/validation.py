@@ -45,7 +45,7 @@ __all__ = [
     "check_determinism",
 ]
 
-INPUT_MODES = ("auto", "positional", "kwargs")  # how dict inputs reach the forward (_objective_func)
+INPUT_MODES = ("auto", "positional", "kwargs")  # how dict inputs reach the forward (landscape.inputs)
 _CE = (nn.CrossEntropyLoss, nn.NLLLoss)
 _CE_FN = (F.cross_entropy, F.nll_loss)
 _ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCEWithLogitsLoss, nn.BCELoss)
