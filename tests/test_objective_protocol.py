@@ -19,6 +19,12 @@ import ast
 import re
 from pathlib import Path
 
+import torch
+from torch import nn
+
+from landscape.objective import Objective
+from tests import references as ref
+
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVE = ROOT / "landscape" / "objective.py"
 PACKAGES = ("landscape", "optimizers", "experiments", "app", "toy_problems", "sharpscape", "benchmarks")
@@ -157,3 +163,39 @@ def test_the_docs_name_no_private_member_of_the_objective():
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     bad = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in pages for m in pattern.finditer(p.read_text())]
     assert not bad, bad
+
+
+# ------------------------------------------------------------------------------ the public hooks
+def _problem():
+    x, y = ref.make_classification_data(13)
+    return ref.make_mlp((4, 6, 3)), nn.CrossEntropyLoss(), ref.split_batches(x, y, [5, 8])
+
+
+def test_settings_and_like_rebuild_the_objective():
+    model, ce, batches = _problem()
+    obj = Objective(model, ce, batches, params=["0"], dtype=torch.float32)
+    again = Objective(model, ce, batches, **obj.settings())
+    assert again.config() == obj.config() and again.settings() == obj.settings()
+    assert obj.local_num_examples == obj.num_examples == 13
+    other = obj.like(batches[:1], None)
+    assert type(other) is Objective and other.num_examples == 5 and other.num_params == 51
+    assert other.dtype == torch.float32 and obj.subset("2").param_names == ["2.weight", "2.bias"]
+    assert obj.with_data(batches[1:]).param_names == obj.param_names == ["0.weight", "0.bias"]
+
+
+def test_all_reduce_is_the_hook_for_data_parallel_sums():
+    """A subclass that overrides ``all_reduce`` (as DistributedObjective does) gets the global N from
+    it at construction, and every whole-data reduction goes through it: two ranks holding the same
+    data give the single-process values."""
+
+    class TwoRanks(Objective):
+        def all_reduce(self, t):
+            return 2 * t
+
+    model, ce, batches = _problem()
+    plain, two = Objective(model, ce, batches), TwoRanks(model, ce, batches)
+    assert (two.local_num_examples, two.num_examples) == (13, 26)
+    assert torch.allclose(two.loss(), plain.loss(), rtol=1e-14, atol=0)
+    assert torch.allclose(two.gradient(), plain.gradient(), rtol=1e-14, atol=0)
+    assert two.evaluate() == plain.evaluate()
+    assert type(two.subset("0")) is Objective  # like() builds a plain Objective unless overridden
