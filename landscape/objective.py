@@ -170,7 +170,7 @@ class Objective:
         self.local_num_examples = sum(scan.batch_sizes)
         self._data_issues = scan.issues  # batch -> what is not finite, reported when it is evaluated
         # N, over every data-parallel rank (all_reduce is the identity on one process)
-        count = torch.tensor([float(self.local_num_examples)], dtype=torch.float64)
+        count = torch.tensor([self.local_num_examples], dtype=torch.int64)
         self.num_examples = int(self.all_reduce(count).item())
         self._kwargs_inputs = resolve_input_mode(model, scan.first[0], input_mode)
         found = V.validate_first_batch(self, self._forward, *scan.first, scan.labels)
