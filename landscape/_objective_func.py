@@ -1,5 +1,4 @@
-"""The :class:`~landscape.Objective` as a differentiable function of the parameters passed to it, and
-how a batch's inputs reach the model's forward.
+"""The :class:`~landscape.Objective` as a differentiable function of the parameters passed to it.
 
 Differentiable evaluation
 -------------------------
@@ -31,30 +30,22 @@ batch whose inputs/targets hold NaN/inf raises); NaN/inf parameters give NaN val
 runs inside ``obj.guard()``: the caller's model is bit-identical afterwards, also when it raises.
 Cannot be differentiated: ``evaluate`` (Python floats) and a ``DistributedObjective`` (the
 all-reduce across ranks detaches); both raise naming the alternative.
-
-Inputs as keyword arguments
----------------------------
-``input_mode`` decides how a batch's ``inputs`` are passed (:func:`resolve_input_mode`): a tensor
-as ``model(x)``, a tuple/list as ``model(*x)``, and a dict either as one argument ``model(d)``
-(``"positional"``) or as keyword arguments ``model(**d)`` (``"kwargs"``, HuggingFace style:
-``forward(input_ids, attention_mask)``).  ``"auto"`` (the default) passes a dict as keywords when
-every key names a parameter of ``model.forward`` that can be given by keyword and the keys bind to
-its signature, else as one argument.
+The functions read the objective through its public protocol (``guard``, ``point``, ``buffers``,
+``batches``, ``batch_loss``) and take the scan's record of non-finite batches as a value; they set
+nothing on it (its state lives in ``landscape.objective``).  How a batch's inputs reach the forward
+(``input_mode``) is ``landscape.inputs``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from torch import nn
-from torch.func import functional_call
 
 from landscape import validation as V
-from landscape.inputs import _as_args, data_issue_message
+from landscape.inputs import data_issue_message
 
 __all__ = [
     "in_transform",
@@ -62,11 +53,8 @@ __all__ = [
     "loss",
     "loss_and_gradient",
     "refuse_transform",
-    "resolve_input_mode",
-    "call_forward",
+    "not_differentiable",
 ]
-
-INPUT_MODES = ("auto", "positional", "kwargs")
 
 
 def in_transform() -> bool:
@@ -99,68 +87,63 @@ def refuse_transform(what: str, fix: str) -> None:
         )
 
 
-def _check_differentiable(obj: Any, what: str) -> None:
-    # a subclass that sums across ranks (DistributedObjective) overrides Objective._all_reduce
-    owner = next(c for c in type(obj).__mro__ if "_all_reduce" in vars(c))
-    if owner.__module__ != "landscape.objective":
-        raise RuntimeError(
-            f"{type(obj).__name__}.{what} cannot be differentiated (torch.func transform, or a parameter "
-            "tensor that requires grad): the sum across ranks (torch.distributed.all_reduce) detaches "
-            "its input. For values pass a tensor that does not require grad; for derivatives call "
-            "obj.gradient() outside any transform, or the curvature operators (ls.hessian(obj), ...), "
-            "which reduce across ranks themselves; or differentiate a plain landscape.Objective"
-        )
+def not_differentiable(owner: str, what: str) -> RuntimeError:
+    """The error for differentiating an objective whose ``all_reduce`` sums across ranks."""
+    return RuntimeError(
+        f"{owner}.{what} cannot be differentiated (torch.func transform, or a parameter "
+        "tensor that requires grad): the sum across ranks (torch.distributed.all_reduce) detaches "
+        "its input. For values pass a tensor that does not require grad; for derivatives call "
+        "obj.gradient() outside any transform, or the curvature operators (ls.hessian(obj), ...), "
+        "which reduce across ranks themselves; or differentiate a plain landscape.Objective"
+    )
 
 
-def _check_data(obj: Any, k: int) -> None:
-    """Batch ``k``'s inputs/targets are finite (recorded by the construction scan)."""
-    issue = obj._data_issues.get(k)
+def _check_data(issues: Mapping[int, str], k: int) -> None:
+    """Batch ``k``'s inputs/targets are finite (``issues``: recorded by the construction scan)."""
+    issue = issues.get(k)
     if issue:
         raise ValueError(data_issue_message(k, issue))
 
 
 @contextlib.contextmanager
-def _explain_vmap_batchnorm(obj: Any) -> Iterator[None]:
+def _explain_vmap_batchnorm(mode: str) -> Iterator[None]:
     try:
         yield
     except RuntimeError as err:
         if "running_mean or running_var" not in str(err):
             raise
         raise RuntimeError(
-            f"vmap over the parameters of a model with BatchNorm in mode={obj.mode!r} is not supported: "
+            f"vmap over the parameters of a model with BatchNorm in mode={mode!r} is not supported: "
             "BatchNorm updates its running statistics in place (in copies here), which vmap refuses for "
             "batched parameters; use Objective(..., mode='eval'), or evaluate the parameter vectors one "
             "by one (torch.func.grad/jacrev/hessian work in train mode)"
         ) from err
 
 
-def loss(obj: Any, params: Any, differentiable: bool = True) -> torch.Tensor:
+def loss(obj: Any, params: Any, issues: Mapping[int, str]) -> torch.Tensor:
     """``sum_k w_k loss_fn(f(X_k; theta(params)), y_k)`` on this process's data, differentiable in
-    ``params`` (the caller runs it under ``torch.no_grad()`` and sums across ranks when it need not
-    be: ``differentiable=False``).  Eagerly every batch loss is checked to be finite; under a
-    transform (values cannot be read) batches whose data is not finite are refused instead."""
-    if differentiable:
-        _check_differentiable(obj, "loss")
+    ``params`` (the objective runs it under ``torch.no_grad()`` and sums across ranks when it need
+    not be).  Eagerly every batch loss is checked to be finite; under a transform (values cannot be
+    read) batches whose data is not finite (``issues``, from the scan) are refused instead."""
     eager = not in_transform()
-    with obj.guard(), _explain_vmap_batchnorm(obj):
+    with obj.guard(), _explain_vmap_batchnorm(obj.mode):
         full, bufs = obj.point(params), obj.buffers()
         total = torch.zeros((), dtype=obj.dtype, device=obj.device)
         for k, (x, y, w) in enumerate(obj.batches()):
             if not eager:
-                _check_data(obj, k)
+                _check_data(issues, k)
             lk = obj.batch_loss(full, bufs, x, y, w)
             if eager:
-                obj._check_finite(lk, k, full)
+                V.check_loss_finite(lk, k, full, issues.get(k))
             total = total + lk
         return total
 
 
-def loss_and_gradient(obj: Any, params: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_and_gradient(obj: Any, params: Any, issues: Mapping[int, str]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(L, grad L)`` at ``params`` with ``grad L = sum_k grad L_k`` (``torch.func.grad_and_value``
     per batch), both differentiable in ``params``."""
-    _check_differentiable(obj, "gradient")
     eager = not in_transform()
-    with obj.guard(), _explain_vmap_batchnorm(obj):
+    with obj.guard(), _explain_vmap_batchnorm(obj.mode):
         full, bufs = obj.point(params), obj.buffers()
         vec = obj.flatten(full)  # the selected entries, as a function of what was passed
 
@@ -171,67 +154,11 @@ def loss_and_gradient(obj: Any, params: Any) -> tuple[torch.Tensor, torch.Tensor
         grad = torch.zeros(obj.num_params, dtype=obj.dtype, device=obj.device)
         for k, (x, y, w) in enumerate(obj.batches()):
             if not eager:
-                _check_data(obj, k)
+                _check_data(issues, k)
             gk, lk = torch.func.grad_and_value(batch_loss)(vec, x, y, w)
             if eager:
-                obj._check_finite(lk, k, full)
+                V.check_loss_finite(lk, k, full, issues.get(k))
                 V.check_gradient(obj.param_names, list(obj.unflatten(gk).values()), k, lk)
             total = total + lk
             grad = grad + gk
         return total, grad
-
-
-# --------------------------------------------------------------------------------------------
-# how inputs are passed to the forward
-# --------------------------------------------------------------------------------------------
-def _binds_as_keywords(model: nn.Module, keys: list[str]) -> bool:
-    try:
-        sig = inspect.signature(model.forward)
-    except (TypeError, ValueError):  # builtins, some scripted modules: no signature
-        return False
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    named = {n for n, p in sig.parameters.items() if p.kind in kinds}
-    if not all(isinstance(k, str) and k in named for k in keys):
-        return False
-    try:
-        sig.bind(**dict.fromkeys(keys))
-    except TypeError:
-        return False
-    return True
-
-
-def resolve_input_mode(model: nn.Module, inputs: Any, input_mode: str) -> bool:
-    """Whether dict inputs are passed as keyword arguments (``model(**inputs)``), decided on the first
-    batch's ``inputs`` (see the module docstring)."""
-    if input_mode not in INPUT_MODES:
-        raise ValueError(f"input_mode must be one of {list(INPUT_MODES)}, got {input_mode!r}")
-    is_dict = isinstance(inputs, Mapping)
-    if input_mode == "kwargs" and not is_dict:
-        raise TypeError(
-            f"input_mode='kwargs' calls model(**inputs), but the first batch's inputs are a "
-            f"{type(inputs).__name__}, not a dict of tensors; use input_mode='auto'"
-        )
-    if input_mode == "auto":
-        return is_dict and _binds_as_keywords(model, list(inputs))
-    return input_mode == "kwargs"
-
-
-def call_forward(model: nn.Module, params: dict, buffers: dict, inputs: Any, kwargs_inputs: bool) -> Any:
-    """``functional_call`` of ``model`` on ``inputs`` (``kwargs_inputs``: a dict as ``model(**d)``).
-    A dict passed as one argument that does not fit the forward's signature gets a hint naming
-    ``input_mode='kwargs'``."""
-    if kwargs_inputs and isinstance(inputs, Mapping):
-        return functional_call(model, (params, buffers), (), dict(inputs), tie_weights=False)
-    try:
-        return functional_call(model, (params, buffers), _as_args(inputs), tie_weights=False)
-    except TypeError as err:
-        text = str(err)
-        if not isinstance(inputs, Mapping) or not (
-            "positional argument" in text or "keyword argument" in text
-        ):
-            raise
-        raise TypeError(  # the hint first: the validation pass keeps the first 300 characters
-            "the dict of inputs was passed as one argument, model(inputs); if the forward takes its "
-            f"keys {list(inputs)} as keyword arguments, pass Objective(..., input_mode='kwargs') to "
-            f"call model(**inputs) ({text.strip()})"
-        ) from err

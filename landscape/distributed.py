@@ -86,9 +86,12 @@ def all_reduce_sum(t: torch.Tensor, group: Any = None) -> torch.Tensor:
 class DistributedObjective(Objective):
     """An :class:`Objective` whose ``data`` is this rank's shard; reductions span all ranks.
 
-    ``num_examples`` is the global ``N``; ``loss``, ``gradient``, ``evaluate`` and every curvature
-    operator built on it (``ls.hessian(obj)`` ...) return the same global result on every rank.
-    Parameters must be identical on every rank (as after DDP's broadcast).
+    ``num_examples`` is the global ``N`` (``local_num_examples`` this rank's); ``loss``,
+    ``gradient``, ``evaluate`` and every curvature operator built on it (``ls.hessian(obj)`` ...)
+    return the same global result on every rank.  Parameters must be identical on every rank (as
+    after DDP's broadcast).  It overrides the Objective's public hooks only: ``all_reduce`` (the
+    Objective sums its example count and every reduction with it), ``like`` and ``settings``
+    (``subset``/``with_data`` build a DistributedObjective on the same group) and ``config``.
     """
 
     def __init__(self, model, loss_fn, data, *, group: Any = None, **kwargs: Any) -> None:
@@ -101,31 +104,19 @@ class DistributedObjective(Objective):
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         super().__init__(model, loss_fn, data, **kwargs)
-        count = torch.tensor(
-            [float(self._local_num_examples)], dtype=torch.float64, device=self._comm_device()
-        )
-        self._global_num_examples = int(all_reduce_sum(count, group).item())
-
-    def _comm_device(self) -> torch.device:
-        backend = dist.get_backend(self.group)
-        return self.device if backend != "gloo" or self.device.type == "cpu" else torch.device("cpu")
-
-    @property
-    def num_examples(self) -> int:
-        return getattr(self, "_global_num_examples", self._local_num_examples)
-
-    @property
-    def local_num_examples(self) -> int:
-        return self._local_num_examples
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        dev = self._comm_device()
+        backend = dist.get_backend(self.group)  # gloo sums on the CPU
+        dev = self.device if backend != "gloo" or self.device.type == "cpu" else torch.device("cpu")
         return all_reduce_sum(t.to(dev), self.group).to(t.device)
 
-    def _rebuild(self, data: Any, kw: dict[str, Any]) -> Objective:
-        return DistributedObjective(self.model, self.loss_fn, data, group=self.group, **kw)
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "group": self.group}
+
+    def like(self, data: Any, params: Any) -> Objective:
+        return DistributedObjective(self.model, self.loss_fn, data, **{**self.settings(), "params": params})
 
     def config(self) -> dict[str, Any]:
         cfg = super().config()
-        cfg.update(world_size=self.world_size, local_num_examples=self._local_num_examples)
+        cfg.update(world_size=self.world_size, local_num_examples=self.local_num_examples)
         return cfg

@@ -1,18 +1,25 @@
 """The data forms an :class:`~landscape.Objective` accepts: a batch is ``(inputs, targets)`` where
 ``inputs`` is a tensor, a tuple/list of tensors (positional arguments of ``forward``) or a dict of
 tensors (keyword arguments).  Helpers to recognise, map and unpack them, to count correct
-predictions of a classifier's output, to scan a data set once (:func:`scan_data`: structure,
-devices, lengths, non-finite values, label ranges, one-shot sources), to turn a forward's return
-value into the tensor the loss takes (:func:`pick_output`: ``output_fn``, HuggingFace ``logits``)
-and to resolve a parameter selection (:func:`select_params`, tied parameters under any name)."""
+predictions of a classifier's output, to pass them to the forward (:func:`resolve_input_mode`,
+:func:`call_forward`: a tensor as ``model(x)``, a tuple as ``model(*x)``, a dict as one argument
+``model(d)`` or, ``input_mode="kwargs"`` or ``"auto"`` on a forward whose parameters its keys name,
+as ``model(**d)``, HuggingFace style), to scan a data set once (:func:`scan_data`: structure,
+devices, lengths, non-finite values, label ranges, one-shot sources; it returns a
+:class:`DataScan` the Objective stores), to turn a forward's return value into the tensor the loss
+takes (:func:`pick_output`: ``output_fn``, HuggingFace ``logits``) and to resolve a parameter
+selection (:func:`select_params`, tied parameters under any name).  Pure functions: the Objective
+keeps what they return."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 Inputs = torch.Tensor | tuple | dict
 
@@ -132,6 +139,62 @@ def pick_output(out: Any, kind: str, output_fn: Callable | None) -> torch.Tensor
 
 
 # --------------------------------------------------------------------------------------------
+# how inputs are passed to the forward (``input_mode``)
+# --------------------------------------------------------------------------------------------
+def _binds_as_keywords(model: nn.Module, keys: list[str]) -> bool:
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # builtins, some scripted modules: no signature
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = {n for n, p in sig.parameters.items() if p.kind in kinds}
+    if not all(isinstance(k, str) and k in named for k in keys):
+        return False
+    try:
+        sig.bind(**dict.fromkeys(keys))
+    except TypeError:
+        return False
+    return True
+
+
+def resolve_input_mode(model: nn.Module, inputs: Any, input_mode: str) -> bool:
+    """Whether dict inputs are passed as keyword arguments (``model(**inputs)``), decided on the first
+    batch's ``inputs``: always for ``"kwargs"`` (a dict is required), never for ``"positional"``, and
+    for ``"auto"`` when every key names a parameter of ``model.forward`` that can be given by keyword
+    and the keys bind to its signature (``input_mode`` is checked by the constructor)."""
+    is_dict = isinstance(inputs, Mapping)
+    if input_mode == "kwargs" and not is_dict:
+        raise TypeError(
+            f"input_mode='kwargs' calls model(**inputs), but the first batch's inputs are a "
+            f"{type(inputs).__name__}, not a dict of tensors; use input_mode='auto'"
+        )
+    if input_mode == "auto":
+        return is_dict and _binds_as_keywords(model, list(inputs))
+    return input_mode == "kwargs"
+
+
+def call_forward(model: nn.Module, params: dict, buffers: dict, inputs: Any, kwargs_inputs: bool) -> Any:
+    """``functional_call`` of ``model`` on ``inputs`` (``kwargs_inputs``: a dict as ``model(**d)``).
+    A dict passed as one argument that does not fit the forward's signature gets a hint naming
+    ``input_mode='kwargs'``."""
+    if kwargs_inputs and isinstance(inputs, Mapping):
+        return functional_call(model, (params, buffers), (), dict(inputs), tie_weights=False)
+    try:
+        return functional_call(model, (params, buffers), _as_args(inputs), tie_weights=False)
+    except TypeError as err:
+        text = str(err)
+        if not isinstance(inputs, Mapping) or not (
+            "positional argument" in text or "keyword argument" in text
+        ):
+            raise
+        raise TypeError(  # the hint first: the validation pass keeps the first 300 characters
+            "the dict of inputs was passed as one argument, model(inputs); if the forward takes its "
+            f"keys {list(inputs)} as keyword arguments, pass Objective(..., input_mode='kwargs') to "
+            f"call model(**inputs) ({text.strip()})"
+        ) from err
+
+
+# --------------------------------------------------------------------------------------------
 # the data scan
 # --------------------------------------------------------------------------------------------
 def one_shot_error(detail: str) -> TypeError:
@@ -155,16 +218,24 @@ def _nonfinite(t: torch.Tensor) -> int:
     return int((~torch.isfinite(t)).sum())
 
 
+class DataScan(NamedTuple):
+    """What one pass over the data found (:func:`scan_data`); the Objective stores it."""
+
+    batch_sizes: list[int]
+    issues: dict[int, str]  # batch -> what in its inputs/targets is not finite
+    labels: list[tuple[int, int, int]]  # (batch, min, max) of integer targets
+    first: tuple[Inputs, torch.Tensor]  # the first batch, for the validation pass
+
+
 def scan_data(
-    obj: Any, record: Callable[[Any, torch.Tensor], None] | None = None
-) -> tuple[Any, torch.Tensor]:
-    """One pass over ``obj.data``: structure, devices, lengths, non-finite values and label ranges of
-    every batch.  Sets ``obj.batch_sizes``, ``obj._local_num_examples``, ``obj._data_issues`` (batch
-    -> what is not finite, reported when that batch is evaluated) and ``obj._labels`` (batch, min,
-    max of integer targets); ``record(inputs, targets)`` is called on every well-formed batch (the
-    objective's fingerprint of the pass, ``landscape.data_fingerprint``); returns the first batch
-    (for the validation pass)."""
-    data = obj.data
+    data: Any,
+    device: torch.device | None,
+    ignore_index: int = -100,
+    record: Callable[[Any, torch.Tensor], None] | None = None,
+) -> DataScan:
+    """One pass over ``data``: structure, lengths, non-finite values and label ranges of every
+    batch; with a ``device``, every tensor must lie on it.  ``record(inputs, targets)`` is called on
+    every well-formed batch (the objective's fingerprint of the pass, ``landscape.data_fingerprint``)."""
     if isinstance(data, torch.Tensor) or not isinstance(data, Iterable):
         raise TypeError(
             "data must be one (inputs, targets) batch or a re-iterable of such batches "
@@ -172,10 +243,9 @@ def scan_data(
         )
     if iter(data) is data:
         raise one_shot_error(f"a {type(data).__name__} is its own iterator")
-    ignore = getattr(obj.loss_fn, "ignore_index", -100)
     sizes: list[int] = []
     issues: dict[int, str] = {}
-    labels: list[tuple[int, int, int]] = []  # (batch, min, max) of integer targets
+    labels: list[tuple[int, int, int]] = []
     first = None
     for k, batch in enumerate(data):
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
@@ -192,12 +262,12 @@ def scan_data(
             )
         if targets.ndim == 0:
             raise ValueError(f"batch {k}: targets must have a batch dimension, got a 0-d tensor")
-        if not obj._explicit_device:
+        if device is not None:
             for t in [*_tensors(inputs), targets]:
-                if t.device != obj.device:
+                if t.device != device:
                     raise ValueError(
                         f"batch {k} lies on device {t.device} but the model's parameters are on "
-                        f"{obj.device}; pass device='{t.device}' to Objective (evaluates with "
+                        f"{device}; pass device='{t.device}' to Objective (evaluates with "
                         f"copies there) or move the model/data with .to('{t.device}')"
                     )
         n = int(targets.shape[0])
@@ -215,7 +285,7 @@ def scan_data(
             where += [f"its targets contain {bad_y} NaN/inf value(s)"] if bad_y else []
             issues[k] = " and ".join(where)
         if not targets.is_floating_point() and not targets.is_complex() and targets.dtype != torch.bool:
-            valid = targets[targets != ignore]
+            valid = targets[targets != ignore_index]
             if valid.numel():
                 labels.append((k, int(valid.min()), int(valid.max())))
         sizes.append(n)
@@ -225,13 +295,9 @@ def scan_data(
             first = (inputs, targets)
     if not sizes or sum(sizes) == 0:
         raise ValueError("data is empty: it holds no batches / no examples")
-    obj.batch_sizes = sizes
-    obj._local_num_examples = sum(sizes)
-    obj._data_issues = issues
-    obj._labels = labels
     if not _reiterable_by_contract(data) and next(iter(data), None) is None:
         raise one_shot_error(f"a second pass over the data yields no batch (the first gave {len(sizes)})")
-    return first
+    return DataScan(sizes, issues, labels, first)
 
 
 def data_issue_message(k: int, issue: str, what: str = "the loss on") -> str:

@@ -13,10 +13,11 @@ snapshots and restores parameters, buffers, ``.grad``, train/eval flags and para
 bit-exactly.  Tied parameters (one module used under two names, an embedding tied to the output
 layer) are one parameter under their ``named_parameters()`` name; the functional call fills every
 slot that holds them (``landscape.guard.tensor_slots``), so the Hessian of a tied model is the one
-with respect to the shared tensor.  Bad inputs are caught at construction by
-``landscape.validation`` (a validation pass on the first batch).
-
-The contract (other modules rely on it) is documented in ``docs/OBJECTIVE_API.md``.
+with respect to the shared tensor.  Bad inputs are caught at construction: the data scan
+(``landscape.inputs.scan_data``) and the validation pass on the first batch
+(``landscape.validation``) return what they found, and the constructor stores it: every attribute
+of an Objective is assigned in this module.  Other modules use its public protocol, documented in
+``docs/OBJECTIVE_API.md``, never its private members (``tests/test_objective_protocol.py``).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from landscape.inputs import (
     _is_single_batch,
     _map_inputs,
     _num_correct,
+    call_forward,
     one_shot_error,
-    output_kind,
     pick_output,
+    resolve_input_mode,
     scan_data,
     select_params,
 )
@@ -112,7 +114,9 @@ class Objective:
         seed: int = 0,
         input_mode: str = "auto",
     ) -> None:
-        reduction = V.check_arguments(model, loss_fn, reduction, mode, dtype, output_fn, stochastic, seed)
+        reduction = V.check_arguments(
+            model, loss_fn, reduction, mode, dtype, output_fn, stochastic, seed, input_mode
+        )
         V.check_model(model)
         self.model = model
         self.loss_fn = loss_fn
@@ -124,7 +128,6 @@ class Objective:
         self.seed = seed
         self.input_mode = input_mode
         self._param_spec = params
-        self._check_determinism = check_determinism
 
         named = list(model.named_parameters())
         # the module tree is fixed from here on (used by the mode switch and the guard)
@@ -155,15 +158,26 @@ class Objective:
         self.param_numels = [int(math.prod(s)) for s in self.param_shapes]
         self.num_params = int(sum(self.param_numels))
 
-        self.random_forward = False  # set by the validation pass
-        self._mutated: set[str] = set()
-        self.batch_coupled: list[str] = []
-        self._output_kind: str | None = None
         self.data = [tuple(data)] if _is_single_batch(data) else data
-        self._fingerprint = DataFingerprint()  # recorded by the scan, checked by every pass of batches()
-        first = scan_data(self, self._fingerprint.record)
-        self._kwargs_inputs = OF.resolve_input_mode(model, first[0], input_mode)
-        V.validate_first_batch(self, *first)
+        self.fingerprint = DataFingerprint()  # recorded by the scan, checked by every pass of batches()
+        scan = scan_data(
+            self.data,
+            None if self._explicit_device else self.device,
+            getattr(loss_fn, "ignore_index", -100),
+            self.fingerprint.record,
+        )
+        self.batch_sizes: list[int] = scan.batch_sizes
+        self.local_num_examples = sum(scan.batch_sizes)
+        self._data_issues = scan.issues  # batch -> what is not finite, reported when it is evaluated
+        # N, over every data-parallel rank (all_reduce is the identity on one process)
+        count = torch.tensor([self.local_num_examples], dtype=torch.int64)
+        self.num_examples = int(self.all_reduce(count).item())
+        self._kwargs_inputs = resolve_input_mode(model, scan.first[0], input_mode)
+        found = V.validate_first_batch(self, self._forward, *scan.first, scan.labels)
+        self.random_forward = found.random_forward
+        self.batch_coupled = found.batch_coupled
+        self._mutated = found.mutated
+        self._output_kind = found.output_kind
         if check_determinism:
             self.check_determinism()
 
@@ -171,11 +185,6 @@ class Objective:
     def fixed_rng(self) -> bool:
         """True when every forward re-seeds a forked RNG (``stochastic="fixed"`` on a random forward)."""
         return self.stochastic == "fixed" and self.random_forward
-
-    @property
-    def num_examples(self) -> int:
-        """N, the number of examples the total loss is averaged over (global under distribution)."""
-        return self._local_num_examples
 
     def _weight(self, size: int) -> float:
         return size / self.num_examples if self.reduction == "mean" else 1.0
@@ -193,22 +202,22 @@ class Objective:
         ``DataChangedError`` at a batch that differs from it (one-shot, shuffled or changing data)."""
         it = self.data
         if self.progress:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # here: an optional dependency, only for progress=True
 
             it = tqdm(it, total=len(self.batch_sizes), desc="batches", leave=False)
         seen = 0
         for k, (inputs, targets) in enumerate(it):
-            self._fingerprint.check(k, inputs, targets, self.data)
+            self.fingerprint.check(k, inputs, targets, self.data)
             seen += int(targets.shape[0])
             yield (
                 _map_inputs(inputs, self.convert),
                 self.convert(targets),
                 self._weight(int(targets.shape[0])),
             )
-        if seen != self._local_num_examples:
+        if seen != self.local_num_examples:
             raise one_shot_error(
                 f"this pass over the data saw {seen} examples but the Objective was built on "
-                f"{self._local_num_examples}"
+                f"{self.local_num_examples}"
             )
 
     # ------------------------------------------------------------------ parameters
@@ -294,36 +303,26 @@ class Objective:
         return full
 
     # ------------------------------------------------------------------ evaluation
-    def _functional(
-        self, full_params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], inputs
-    ):
-        """The raw ``functional_call``: every parameter/buffer slot filled exactly once (tied slots
-        with their canonical tensor; torch's ``tie_weights`` would restore a module registered under
-        two names with the copy), nothing of the model's own tensors touched."""
-        if self._mutated:  # written to in place by the forward: clones (torch.func refuses captures)
-            full_params = {n: t.clone() if n in self._mutated else t for n, t in full_params.items()}
-            buffers = {n: t.clone() if n in self._mutated else t for n, t in buffers.items()}
+    def _forward(self, full_params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], inputs):
+        """The raw ``functional_call`` (before the output rule): every parameter/buffer slot filled
+        exactly once (tied slots with their canonical tensor; torch's ``tie_weights`` would restore a
+        module registered under two names with the copy), nothing of the model's own tensors touched."""
         ps = full_params if self._pslots is None else {s: full_params[c] for s, c in self._pslots.items()}
         bs = buffers if self._bslots is None else {s: buffers[c] for s, c in self._bslots.items()}
-        return OF.call_forward(self.model, dict(ps), dict(bs), inputs, self._kwargs_inputs)
-
-    def _pick_output(self, out: Any, first: bool = False) -> torch.Tensor:
-        kind = self._output_kind
-        if kind is None:
-            kind = output_kind(out, self.output_fn)
-            if first:
-                self._output_kind = kind
-        return pick_output(out, kind, self.output_fn)
+        return call_forward(self.model, dict(ps), dict(bs), inputs, self._kwargs_inputs)
 
     def call(self, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], inputs: Inputs):
         """Outputs for explicit parameter and buffer dicts (canonical names; every parameter and
         buffer must be given, e.g. ``obj.point(...)`` and ``obj.buffers()``): the functional call every
         evaluation of the objective uses (tied slots, ``output_fn``, ``stochastic="fixed"``'s
         re-seeded RNG), for operators and evaluators that manage their own copies."""
+        if self._mutated:  # written to in place by the forward: clones (torch.func refuses captures)
+            params = {n: t.clone() if n in self._mutated else t for n, t in params.items()}
+            buffers = {n: t.clone() if n in self._mutated else t for n, t in buffers.items()}
         if self.fixed_rng:
             with forked_rng(self.device, self.seed):
-                return self._pick_output(self._functional(params, buffers, inputs))
-        return self._pick_output(self._functional(params, buffers, inputs))
+                return pick_output(self._forward(params, buffers, inputs), self._output_kind, self.output_fn)
+        return pick_output(self._forward(params, buffers, inputs), self._output_kind, self.output_fn)
 
     def forward(self, params: Any = None, inputs: Inputs | None = None) -> torch.Tensor:
         """Model outputs at ``params`` (missing names: copies of the current values) on ``inputs``."""
@@ -338,33 +337,34 @@ class Objective:
         return weight * self.loss_fn(self.call(full_params, buffers, inputs), targets)
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum over data-parallel ranks (identity here; see ``landscape.distributed``)."""
+        """Sum over data-parallel ranks (identity here; a subclass that distributes the data, such as
+        ``landscape.distributed.DistributedObjective``, overrides it)."""
         return t
-
-    def _check_finite(
-        self, value: torch.Tensor, k: int, full: Mapping[str, torch.Tensor] | None = None
-    ) -> None:
-        if not bool(torch.isfinite(value).all()):
-            raise ValueError(V.nonfinite_message(self, value, k, full))
 
     def require_fixed(self, what: str, per_example: bool = False) -> None:
         """Refuse to build curvature operators on non-finite data or a random forward."""
-        V.require_fixed(self, what, per_example)
+        V.require_fixed(self, self._data_issues, what, per_example)
+
+    def _differentiable(self, what: str) -> None:
+        if type(self).all_reduce is not Objective.all_reduce:  # a sum across ranks detaches
+            raise OF.not_differentiable(type(self).__name__, what)
 
     def loss(self, params: Any = None) -> torch.Tensor:
         """Whole-dataset loss ``sum_k w_k loss_fn(f(X_k), y_k)`` (a 0-d tensor).  No graph is kept,
         except under ``torch.func`` transforms or for parameters that require grad: then it is a
         differentiable function of ``params`` (``docs/OBJECTIVE_API.md``)."""
         if OF.tracked(params):
-            return OF.loss(self, params)
+            self._differentiable("loss")
+            return OF.loss(self, params, self._data_issues)
         with torch.no_grad():
-            return self.all_reduce(OF.loss(self, params, differentiable=False))
+            return self.all_reduce(OF.loss(self, params, self._data_issues))
 
     def loss_and_gradient(self, params: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Whole-dataset loss and its gradient ``[p]`` w.r.t. the selected parameters (differentiable
         in ``params`` as :meth:`loss` is)."""
         if OF.tracked(params):
-            return OF.loss_and_gradient(self, params)
+            self._differentiable("gradient")
+            return OF.loss_and_gradient(self, params, self._data_issues)
         with self.guard():
             full = self.point(params)
             leaves = {n: full[n].detach().requires_grad_(True) for n in self.param_names}
@@ -376,7 +376,7 @@ class Objective:
             for k, (x, y, w) in enumerate(self.batches()):
                 with torch.enable_grad():
                     lk = self.batch_loss(full, bufs, x, y, w)
-                self._check_finite(lk, k, full)
+                V.check_loss_finite(lk, k, full, self._data_issues.get(k))
                 gs = torch.autograd.grad(lk, [leaves[n] for n in names], allow_unused=True)
                 V.check_gradient(names, gs, k, lk)
                 grad += torch.cat(
@@ -403,7 +403,7 @@ class Objective:
             for k, (x, y, w) in enumerate(self.batches()):
                 out = self.call(full, bufs, x)
                 lk = w * self.loss_fn(out, y)
-                self._check_finite(lk, k, full)
+                V.check_loss_finite(lk, k, full, self._data_issues.get(k))
                 total = total + lk
                 c = _num_correct(out, y) if classify else None
                 if c is None:
@@ -425,7 +425,9 @@ class Objective:
         return V.check_determinism(self, rtol)
 
     # ------------------------------------------------------------------ variants
-    def _kwargs(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, Any]:
+        """The keyword arguments this objective was built with (``check_determinism`` off): with the
+        model, the loss and data they build an equal objective (see :meth:`like`)."""
         return dict(
             params=self._param_spec,
             reduction=self.reduction,
@@ -442,18 +444,16 @@ class Objective:
 
     def subset(self, params: ParamSelection) -> Objective:
         """Same model/data/settings, another parameter selection."""
-        kw = self._kwargs()
-        kw["params"] = params
-        return type(self)._rebuild(self, self.data, kw)
+        return self.like(self.data, params)
 
     def with_data(self, data: Any) -> Objective:
         """Same model/settings/selection, other data."""
-        kw = self._kwargs()
-        kw["params"] = list(self.param_names)
-        return type(self)._rebuild(self, data, kw)
+        return self.like(data, list(self.param_names))
 
-    def _rebuild(self, data: Any, kw: dict[str, Any]) -> Objective:
-        return Objective(self.model, self.loss_fn, data, **kw)
+    def like(self, data: Any, params: ParamSelection) -> Objective:
+        """A plain :class:`Objective` with this one's model, loss and :meth:`settings` on ``data`` and
+        the parameter selection ``params`` (a subclass that needs its own kind overrides it)."""
+        return Objective(self.model, self.loss_fn, data, **{**self.settings(), "params": params})
 
     def config(self) -> dict[str, Any]:
         """JSON-friendly description recorded in results."""

@@ -1,17 +1,20 @@
 """Input checks of :class:`~landscape.Objective`: every bad input gets one clear error, early.
 
-* :func:`check_device`, :func:`check_model`: the ``device=`` argument (unknown strings, CUDA/MPS
-  that is not there) and the model (lazy modules whose parameters are not initialised yet).
+* :func:`check_arguments`, :func:`check_device`, :func:`check_model`: the plain arguments, the
+  ``device=`` argument (unknown strings, CUDA/MPS that is not there) and the model (lazy modules
+  whose parameters are not initialised yet).
 * :func:`validate_first_batch`: after the data scan (``landscape.inputs.scan_data``: structure,
   devices, lengths, non-finite values, label ranges, one-shot sources), the model's forward and the
   loss are run once on the first batch, so that a mismatch between data, model and loss is
   reported at construction with a message naming the problem and the fix instead of a torch
-  traceback later; it also finds out whether the forward draws random numbers, writes to
-  parameters/buffers in place, or runs BatchNorm on batch statistics.
-* :func:`nonfinite_message`, :func:`check_gradient`, :func:`require_fixed`: NaN/inf losses,
+  traceback later; it returns what it found out (:class:`FirstBatch`): whether the forward draws
+  random numbers, writes to parameters/buffers in place, or runs BatchNorm on batch statistics.
+* :func:`check_loss_finite`, :func:`check_gradient`, :func:`require_fixed`: NaN/inf losses,
   gradients, and curvature operators on data or forwards where their products would be meaningless.
 
-The functions take the objective duck-typed (this module does not import ``landscape.objective``).
+The functions take values and return values (or raise); those that need the objective read it
+through its public protocol (``docs/OBJECTIVE_API.md``) and set nothing on it: the
+:class:`~landscape.Objective` stores what they return (this module does not import it).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -28,19 +31,21 @@ from torch.nn import functional as F
 from torch.nn.parameter import is_lazy
 
 from landscape.guard import forked_rng, rng_state
-from landscape.inputs import _describe, _map_inputs, _shape, data_issue_message
+from landscape.inputs import _describe, _map_inputs, _shape, data_issue_message, output_kind, pick_output
 
 __all__ = [
     "check_arguments",
     "check_device",
     "check_model",
+    "FirstBatch",
     "validate_first_batch",
     "require_fixed",
-    "nonfinite_message",
+    "check_loss_finite",
     "check_gradient",
     "check_determinism",
 ]
 
+INPUT_MODES = ("auto", "positional", "kwargs")  # how dict inputs reach the forward (landscape.inputs)
 _CE = (nn.CrossEntropyLoss, nn.NLLLoss)
 _CE_FN = (F.cross_entropy, F.nll_loss)
 _ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCEWithLogitsLoss, nn.BCELoss)
@@ -77,6 +82,7 @@ def check_arguments(
     output_fn: Any,
     stochastic: Any,
     seed: Any,
+    input_mode: Any,
 ) -> str:
     """The plain arguments of ``Objective``; returns the resolved ``reduction``."""
     if not isinstance(model, nn.Module):
@@ -100,6 +106,8 @@ def check_arguments(
         raise ValueError(f"stochastic must be None or 'fixed', got {stochastic!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {seed!r}")
+    if input_mode not in INPUT_MODES:
+        raise ValueError(f"input_mode must be one of {list(INPUT_MODES)}, got {input_mode!r}")
     return reduction
 
 
@@ -149,10 +157,11 @@ def check_model(model: nn.Module) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def require_fixed(obj: Any, what: str, per_example: bool = False) -> None:
-    """Refuse a curvature operator on non-finite data, or on a forward that is random (without
-    ``stochastic="fixed"``) or, for per-example gradients, couples the examples of a batch."""
-    for k, issue in obj._data_issues.items():
+def require_fixed(obj: Any, issues: Mapping[int, str], what: str, per_example: bool = False) -> None:
+    """Refuse a curvature operator on non-finite data (``issues``: batch -> what is not finite), or
+    on a forward that is random (without ``stochastic="fixed"``) or, for per-example gradients,
+    couples the examples of a batch (``obj.batch_coupled``: BatchNorm layers on batch statistics)."""
+    for k, issue in issues.items():
         raise ValueError(data_issue_message(k, issue, "the data of"))
     if per_example and obj.batch_coupled:
         raise ValueError(
@@ -174,18 +183,22 @@ def require_fixed(obj: Any, what: str, per_example: bool = False) -> None:
         )
 
 
-def nonfinite_message(obj: Any, value: torch.Tensor, k: int, full: Mapping[str, torch.Tensor] | None) -> str:
-    """Why the loss of batch ``k`` is not finite: its data, the parameters, or an overflow."""
-    issue = obj._data_issues.get(k)
+def check_loss_finite(
+    value: torch.Tensor, k: int, full: Mapping[str, torch.Tensor] | None, issue: str | None
+) -> None:
+    """Refuse a non-finite loss of batch ``k`` naming why: its data (``issue``, found by the scan),
+    the parameters ``full``, or an overflow."""
+    if bool(torch.isfinite(value).all()):
+        return
     if issue:
-        return data_issue_message(k, issue)
+        raise ValueError(data_issue_message(k, issue))
     bad = [n for n, t in (full or {}).items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
-        return (
+        raise ValueError(
             f"the loss on batch {k} is not finite ({float(value):g}): the parameters {bad} contain "
             "NaN/inf; evaluate at finite parameters"
         )
-    return (
+    raise ValueError(
         f"the loss on batch {k} is not finite ({float(value):g}); the data is finite, so the model or "
         "loss overflows there: check the model's parameters/scale, or use dtype=torch.float64"
     )
@@ -261,17 +274,20 @@ def batch_of_one_message(bn_name: str, k: int) -> str:
     )
 
 
-def _classification(obj: Any) -> bool:
+def _classification(loss_fn: Any) -> bool:
     """Cross-entropy / NLL (module, function or ``functools.partial`` of one): class-index targets.
     Other losses are not second-guessed (integer targets may mean anything to them)."""
-    lf = getattr(obj.loss_fn, "func", obj.loss_fn)
+    lf = getattr(loss_fn, "func", loss_fn)
     return isinstance(lf, _CE) or any(lf is f for f in _CE_FN)
 
 
-def _check_targets(obj: Any, out: torch.Tensor, y: torch.Tensor) -> None:
-    """Label ranges and shapes that would silently broadcast or fail deep inside the loss."""
-    lf, name = obj.loss_fn, loss_name(obj.loss_fn)
-    if out.is_floating_point() and _classification(obj) and out.ndim >= 2:
+def _check_targets(
+    loss_fn: Any, labels: Sequence[tuple[int, int, int]], out: torch.Tensor, y: torch.Tensor
+) -> None:
+    """Label ranges (``labels``: batch, min, max of every batch's integer targets) and shapes that
+    would silently broadcast or fail deep inside the loss."""
+    lf, name = loss_fn, loss_name(loss_fn)
+    if out.is_floating_point() and _classification(loss_fn) and out.ndim >= 2:
         C = int(out.shape[1])
         if not y.is_floating_point():
             want = [int(out.shape[0]), *out.shape[2:]]
@@ -280,7 +296,7 @@ def _check_targets(obj: Any, out: torch.Tensor, y: torch.Tensor) -> None:
                     f"class-label targets for outputs of shape {_shape(out)} must have shape {want}, got "
                     f"{_shape(y)}: use y.view(-1) / y.squeeze(1) (one integer label per example)"
                 )
-            for k, lo, hi in obj._labels:
+            for k, lo, hi in labels:
                 if lo < 0 or hi >= C:
                     bad = hi if hi >= C else lo
                     raise ValueError(
@@ -308,8 +324,8 @@ def _check_targets(obj: Any, out: torch.Tensor, y: torch.Tensor) -> None:
         )
 
 
-def _check_loss_value(obj: Any, loss: Any, out: torch.Tensor) -> None:
-    name = loss_name(obj.loss_fn)
+def _check_loss_value(loss_fn: Any, loss: Any, out: torch.Tensor) -> None:
+    name = loss_name(loss_fn)
     if not isinstance(loss, torch.Tensor):
         raise TypeError(
             f"loss_fn returned a {type(loss).__name__}, not a tensor: compute the loss with torch "
@@ -342,10 +358,27 @@ def _from_torch(err: BaseException) -> bool:
     return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_TORCH_DIR)
 
 
-def validate_first_batch(obj: Any, inputs: Any, targets: torch.Tensor) -> None:
+class FirstBatch(NamedTuple):
+    """What the validation pass found out about the forward (:func:`validate_first_batch`)."""
+
+    random_forward: bool  # the forward (or the loss) draws random numbers
+    mutated: set[str]  # parameters/buffers the forward writes to in place
+    batch_coupled: list[str]  # BatchNorm layers that ran on batch statistics
+    output_kind: str  # how the forward's return value becomes the loss's input (inputs.output_kind)
+
+
+def validate_first_batch(
+    obj: Any,
+    forward: Callable[[dict, dict, Any], Any],
+    inputs: Any,
+    targets: torch.Tensor,
+    labels: Sequence[tuple[int, int, int]],
+) -> FirstBatch:
     """Run the model and the loss once on the first batch (on copies, in the objective's mode) and
-    turn any mismatch into a clear error.  Also records whether the forward draws random numbers
-    (``obj.random_forward``) and how its output is turned into a tensor (``obj._output_kind``)."""
+    turn any mismatch into a clear error.  ``obj`` is read through its public protocol only
+    (``convert``, ``point``, ``buffers``, ``evaluating``, ...); ``forward(params, buffers, inputs)``
+    is its raw functional call (before the output rule); ``labels`` the scan's integer label
+    ranges.  Returns what it found; sets nothing."""
     x = _map_inputs(inputs, obj.convert)
     y = obj.convert(targets)
     full = obj.point(None, copy=True)
@@ -357,7 +390,7 @@ def validate_first_batch(obj: Any, inputs: Any, targets: torch.Tensor) -> None:
         before = rng_state(obj.device)
         with _module_stack(obj.model) as (stack, coupled):
             try:
-                raw = obj._functional(full, bufs, x)
+                raw = forward(full, bufs, x)
             except Exception as err:  # noqa: BLE001 - any failure gets the data/model context
                 name, mod, shapes = stack[-1] if stack else ("", obj.model, [])
                 hint = _forward_hint(mod, name, shapes, err, 0)
@@ -369,18 +402,18 @@ def validate_first_batch(obj: Any, inputs: Any, targets: torch.Tensor) -> None:
                 ) from err
         # tensors the forward writes to in place (BatchNorm statistics in train mode, a forward that
         # mutates a parameter): every later forward gets private clones of them
-        obj._mutated = {n for n, t in [*full.items(), *bufs.items()] if t._version != versions[n]}
-        obj.batch_coupled = sorted(set(coupled))
-        obj.random_forward = any(not torch.equal(a, b) for a, b in zip(before, rng_state(obj.device)))
-        out = obj._pick_output(raw, first=True)
-        _check_targets(obj, out, y)
+        mutated = {n for n, t in [*full.items(), *bufs.items()] if t._version != versions[n]}
+        kind = output_kind(raw, obj.output_fn)
+        found = FirstBatch(_rng_moved(before, obj.device), mutated, sorted(set(coupled)), kind)
+        out = pick_output(raw, kind, obj.output_fn)
+        _check_targets(obj.loss_fn, labels, out, y)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 loss = obj.loss_fn(out, y)
             except Exception as err:  # noqa: BLE001
                 if not _from_torch(err):
-                    return  # the loss's own error: every evaluation raises it as written
+                    return found  # the loss's own error: every evaluation raises it as written
                 kind = TypeError if isinstance(err, TypeError) else ValueError
                 raise kind(
                     f"loss_fn ({loss_name(obj.loss_fn)}) failed on the first batch with outputs of shape "
@@ -396,14 +429,17 @@ def validate_first_batch(obj: Any, inputs: Any, targets: torch.Tensor) -> None:
                     "the same shape"
                 )
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        _check_loss_value(obj, loss, out)
-        obj.random_forward = any(
-            not torch.equal(a, b) for a, b in zip(before, rng_state(obj.device))
-        )  # loss too
-    _check_batch_of_one(obj, x)
+        _check_loss_value(obj.loss_fn, loss, out)
+        found = found._replace(random_forward=_rng_moved(before, obj.device))  # the loss too
+    _check_batch_of_one(obj, forward, x)
+    return found
 
 
-def _check_batch_of_one(obj: Any, x: Any) -> None:
+def _rng_moved(before: list[torch.Tensor], device: torch.device) -> bool:
+    return any(not torch.equal(a, b) for a, b in zip(before, rng_state(device)))
+
+
+def _check_batch_of_one(obj: Any, forward: Callable[[dict, dict, Any], Any], x: Any) -> None:
     """In train mode, a batch of one example fails in BatchNorm layers that see one value per
     channel (e.g. ``BatchNorm1d`` after a ``Linear``): find out on one example of the first batch."""
     if obj.mode != "train" or 1 not in obj.batch_sizes or obj.batch_sizes[0] == 1:
@@ -415,7 +451,7 @@ def _check_batch_of_one(obj: Any, x: Any) -> None:
     one = _map_inputs(x, lambda t: t[:1] if t.ndim > 0 else t)
     with obj.evaluating(), forked_rng(obj.device), torch.no_grad(), _module_stack(obj.model) as (stack, _):
         try:
-            obj._functional(obj.point(None, copy=True), obj.buffers(), one)
+            forward(obj.point(None, copy=True), obj.buffers(), one)
         except ValueError as err:
             if "more than 1 value per channel" not in str(err):
                 raise

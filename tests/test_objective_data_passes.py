@@ -245,7 +245,7 @@ def test_unshuffled_drop_last_loader_and_converted_dtype_are_accepted():
     v = _vec(obj.num_params).float()
     assert obj.num_examples == 24 and torch.equal(H @ v, H @ v)
     sub = obj.subset("0")  # a new objective: its own scan and fingerprint
-    assert sub._fingerprint is not obj._fingerprint and torch.equal(sub.loss(), obj.loss())
+    assert sub.fingerprint is not obj.fingerprint and torch.equal(sub.loss(), obj.loss())
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,7 +289,7 @@ def test_fingerprint_costs_two_float64_per_example_and_no_loop_over_examples(mon
     monkeypatch.setattr(fp, "_dot", lambda t, B, seed: calls.append(B) or real(t, B, seed))
     model = nn.Sequential(nn.Linear(8, 3)).double()
     obj = Objective(model, CE, batches)
-    f = obj._fingerprint
+    f = obj.fingerprint
     assert f.sizes == [64] * 200
     for stored in (f.inputs, f.targets):
         assert stored.shape == (200 * 64,) and stored.dtype == torch.float64 and stored.device.type == "cpu"
@@ -299,7 +299,7 @@ def test_fingerprint_costs_two_float64_per_example_and_no_loop_over_examples(mon
     obj.loss()
     assert calls == [64] * 400
     tuple_obj = Objective(TwoInputs(), CE, DataLoader(Pairs("tuple"), batch_size=N))
-    assert tuple_obj._fingerprint.inputs.shape == (N,)  # both input tensors folded into one number
+    assert tuple_obj.fingerprint.inputs.shape == (N,)  # both input tensors folded into one number
 
 
 @pytest.mark.gpu

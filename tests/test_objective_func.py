@@ -202,7 +202,7 @@ def test_batchnorm_train_mode_grad_works_and_vmap_names_the_fix():
 
 def test_distributed_reduction_refuses_differentiation():
     class Reducing(Objective):  # stands in for DistributedObjective: an all-reduce that detaches
-        def _all_reduce(self, t):
+        def all_reduce(self, t):
             return t.detach().clone()
 
     model, batches = _problem("mlp")

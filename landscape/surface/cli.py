@@ -35,6 +35,7 @@ from landscape.cli_common import (
     positive_int,
 )
 from landscape.cli_models import add_model_options, load_model, parse_model_args
+from landscape.objective import Objective
 from landscape.surface.grid import _BN_POLICIES, _STRATEGIES, surface
 from landscape.surface.result import Surface, load_surface
 
@@ -94,7 +95,6 @@ def _run_cli(args: argparse.Namespace) -> int:
 
     from landscape import directions as dmod
     from landscape.data import batches
-    from landscape.objective import Objective
 
     _check_args(args)
     model_args = parse_model_args(args.model_arg, args.model_kwargs)

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from landscape.inputs import _num_correct, _tensors
+
 __all__ = ["data_fingerprint", "loss_fingerprint", "model_hash"]
 
 
@@ -51,8 +53,6 @@ def data_fingerprint(obj) -> tuple[str, int]:
     in order, so the fingerprint depends on the examples and their order but not on how they are
     cut into batches; dtypes and per-example shapes are hashed too.
     """
-    from landscape.inputs import _tensors
-
     streams: dict[str, tuple[Any, list[int], str]] = {}
     nbytes = 0
     for x, y, _ in obj.batches():
@@ -193,25 +193,21 @@ class _Evaluator:
         per_point = cls._perturbed_numel(obj, dirs) * item
         if bn_policy != "eval":
             per_point += sum(t.numel() * t.element_size() for t in obj.buffers().values())
-        cached = data_bytes if isinstance(getattr(obj, "_data", None), (list, tuple)) else 0
+        cached = data_bytes if isinstance(obj.data, (list, tuple)) else 0
         return cached + 2 * per_point, "the perturbed parameters of one point and the data"
 
     def __init__(self, obj, dirs, bn_policy: str):
-        from landscape.inputs import _as_args, _num_correct
-
         self.obj = obj
         self.model = obj.model
         self.dirs = dirs
         self.bn_policy = bn_policy
-        self._as_args = _as_args
-        self._num_correct = _num_correct
         self.params = obj.all_params()
         self.buffers = obj.buffers()
         self.pnames = [n for n in self.params if any(n in d for d in dirs)]
         self.bnames = [n for n in self.buffers if any(n in d for d in dirs)]
         # data held in memory (a batch or a list of batches) is converted once and reused; a
         # DataLoader is re-iterated at every point (memory stays flat for large data sets)
-        self._cached = list(obj.batches()) if isinstance(getattr(obj, "_data", None), (list, tuple)) else None
+        self._cached = list(obj.batches()) if isinstance(obj.data, (list, tuple)) else None
 
     @property
     def batches(self):
@@ -268,7 +264,7 @@ class _Evaluator:
         for o, y, w in outputs:
             total = total + w * obj.loss_fn(o, y)
             if classify:
-                k = self._num_correct(o, y)
+                k = _num_correct(o, y)
                 if k is None:
                     classify = False
                 else:
@@ -448,7 +444,7 @@ class _VmapEvaluator(_Evaluator):
             lk, o = vf(stacked, x, y)
             total = total + w * lk
             if classify:
-                ks = [self._num_correct(o[i], y) for i in range(nb)]
+                ks = [_num_correct(o[i], y) for i in range(nb)]
                 if any(k is None for k in ks):
                     classify = False
                 else:

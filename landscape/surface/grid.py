@@ -47,6 +47,7 @@ __all__ = ["surface"]
 
 
 from landscape import checks
+from landscape.objective import Objective
 from landscape.surface.budget import PointChunks
 from landscape.surface.evaluators import (
     _bn_modules,
@@ -67,8 +68,6 @@ _BN_POLICIES = ("eval", "train", "recompute")
 
 
 def _check_inputs(obj, directions, coords):
-    from landscape.objective import Objective
-
     if not isinstance(obj, Objective):
         raise TypeError(
             f"surface() takes a landscape.Objective, got {type(obj).__name__}; build one with "

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from landscape.inputs import _num_correct
+from landscape.objective import Objective
 from landscape.surface.evaluators import _bn_modules, model_hash
 from landscape.surface.path_result import BARRIER_DEFINITION, PathResult, barriers
 
@@ -311,8 +312,6 @@ def _run_path(
 
 
 def _make_objective(model_a, loss_fn, data, *, mode, dtype, device, output_fn, reduction):
-    from landscape.objective import Objective
-
     return Objective(
         model_a,
         loss_fn,
