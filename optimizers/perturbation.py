@@ -57,6 +57,7 @@ import torch
 from torch import nn
 
 from landscape.checks import check_nonnegative
+from optimizers._deprecated import moved
 from optimizers.bn_state import bn_restore, bn_snapshot
 from optimizers.closure import ChunkClosure, accepts_chunk
 from optimizers.m_sharpness import (
@@ -72,6 +73,10 @@ from optimizers.state import WrapperState
 __all__ = ["NORM_GUARD", "PerturbationOptimizer", "global_norm", "make_closure", "params_with_grad"]
 
 NORM_GUARD = 1e-12  # added to ||g|| before dividing (official SAM code: 1e-12)
+#: names this module re-exported before; served with a DeprecationWarning for one release
+__getattr__ = moved(
+    __name__, {"bn_update_disabled": "optimizers.bn_state", "chunk_norms": "optimizers.m_sharpness"}
+)
 
 
 def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -117,10 +122,8 @@ class PerturbationOptimizer(WrapperState, torch.optim.Optimizer):
         base_optimizer: a ``torch.optim.Optimizer`` class (or factory) that performs the descent.
         model: optional module whose BatchNorm running statistics only the first pass updates.
         m: number of sub-batches for m-sharpness (closure contract in the module docstring).
-        batched_m: with ``m > 1``, vectorise the sub-batches when the closure allows it
-            (:mod:`optimizers.m_sharpness`); ``False`` forces the loop.
-        defaults: the method's own hyperparameters (``rho``, ...), stored in every param group;
-            those in ``_nonnegative_hparams`` are validated here, once (subclasses do not).
+        batched_m: ``False`` forces the loop (:mod:`optimizers.m_sharpness`) for ``m > 1``.
+        defaults: the method's own hyperparameters (``rho``, ...; validated here, once).
         **base_kwargs: keyword arguments of ``base_optimizer`` (``lr``, ``momentum``, ...).
     """
 
@@ -163,13 +166,10 @@ class PerturbationOptimizer(WrapperState, torch.optim.Optimizer):
             raise TypeError("base_optimizer(...) must return a torch.optim.Optimizer")
         self.param_groups = self.base_optimizer.param_groups
         self.defaults.update(self.base_optimizer.defaults)
-        self.model = model
-        self.m = m
-        self.batched_m = bool(batched_m)
+        self.model, self.m, self.batched_m = model, m, bool(batched_m)
         self.config: dict[str, Any] = {"m": m, "batched_m": self.batched_m}
         self._batched_failed: dict[int, str] = {}
-        self.perturbed = False
-        self.last: dict[str, Any] = {}
+        self.perturbed, self.last = False, {}
 
     def _check_group(self, group: dict[str, Any], index: int, keys: Iterable[str] | None = None) -> None:
         """Per-group hyperparameters (``keys``: those the group sets itself) obey the constructor's rules."""
@@ -264,7 +264,7 @@ class PerturbationOptimizer(WrapperState, torch.optim.Optimizer):
         once, the sum of the gradients at ``w + eps_k`` (one pass) as ``p.grad``; the per-chunk values
         ``[m]``, or ``None`` (nothing changed) after recording why the loop must run."""
         pairs = self._pairs()
-        params = [p.detach() for _, p in pairs]
+        params = [p for _, p in pairs]  # chunk_gradients detaches
         gen = getattr(self, "generator", None)
         rng = gen.get_state() if isinstance(gen, torch.Generator) else None
         try:
