@@ -181,12 +181,16 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
 
     # ----------------------------------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group; its hyperparameters (given or defaulted) are checked like the constructor's."""
+        """Add a group; the hyperparameters it sets itself are checked like the constructor's (the
+        defaults were checked once, there)."""
+        given = set(param_group)
         super().add_param_group(param_group)
         group, i = self.param_groups[-1], len(self.param_groups) - 1
         for key in ("lr", "rho", "prior_precision", "damping"):
-            check_nonneg(f"{key} (param group {i})", group[key])
-        _check_betas(f"betas (param group {i})", group["betas"])
+            if key in given:
+                check_nonneg(f"{key} (param group {i})", group[key])
+        if "betas" in given:
+            _check_betas(f"betas (param group {i})", group["betas"])
 
     def _params(self) -> list[tuple[dict[str, Any], torch.Tensor]]:
         return [(g, p) for g in self.param_groups for p in g["params"] if p.requires_grad]
