@@ -297,7 +297,7 @@ class PerturbationOptimizer(WrapperState, torch.optim.Optimizer):
             )
         if not isinstance(loss, torch.Tensor):
             loss = torch.as_tensor(loss)
-        return loss.detach()
+        return loss.detach() if loss.requires_grad else loss  # a detached loss as it is (no alias)
 
     def _check_closure(self, closure: Any) -> None:
         if closure is None or not callable(closure):
