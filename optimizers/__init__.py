@@ -5,12 +5,13 @@ Every optimizer is stepped the same way::
     loss = opt.step(closure)   # closure: zero_grad, forward, backward, return loss
 
 or, for the SAM family and bSAM in loops that run the passes themselves, in halves
-(``opt.first_step()`` / ``opt.second_step()``, :mod:`optimizers.split_step`); mixed precision
+(``opt.first_step()`` / ``opt.second_step()``, :mod:`optimizers.perturbation`); mixed precision
 through :class:`optimizers.amp.LossScaler`.
 
 * :mod:`optimizers.sam`: SAM, ASAM, Fisher-SAM, Random/Mix-SAM, Variational SAM;
 * :mod:`optimizers.bayes`: MFVI, Bayesian-SAM, G-TRACER, SWAG/F-SWAG, F-SGLD;
 * :mod:`optimizers.perturbation`: the perturb -> closure -> restore -> base-step machinery;
+* :mod:`optimizers.m_sharpness`: the per-chunk gradients of m-sharpness (loop, vmap, direct);
 * :mod:`optimizers.amp`: the dynamic loss scaler for two-pass optimizers;
 * :mod:`optimizers.posterior`: the diagonal-Gaussian posterior API and Bayesian model averaging.
 """
@@ -24,7 +25,8 @@ from optimizers.bayes.laplace import DiagLaplace, LastLayerLaplace
 from optimizers.bayes.mc_dropout import mc_dropout_predict
 from optimizers.bayes.sgvb import convert_to_bayesian
 from optimizers.bayes.vogn import VOGN
-from optimizers.perturbation import bn_update_disabled, make_closure
+from optimizers.bn_state import bn_update_disabled
+from optimizers.perturbation import make_closure
 from optimizers.posterior import DiagonalGaussianPosterior, bayesian_model_average
 from optimizers.sam import ASAM, SAM, FisherSAM, MixSAM, RandomSAM, VariationalSAM
 

@@ -1,6 +1,6 @@
 """The ``m`` sub-batch gradients of a plain MLP without ``vmap``: one pass over the whole batch.
 
-:class:`optimizers.batched_chunks.ChunkVectoriser` needs, for ``m`` equal sub-batches ``k``, either
+:func:`optimizers.m_sharpness.chunk_gradients` needs, for ``m`` equal sub-batches ``k``, either
 the ``m`` gradients ``grad L_k`` (at shared weights ``w`` or at per-chunk weights ``w_k``) or their
 sum.  For a network that is a chain of ``nn.Linear`` layers and parameter-free per-example modules
 (activations, ``Flatten``, ...) no ``vmap`` is needed:

@@ -15,7 +15,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["CLASS_KEY", "LAYOUT_KEY", "check_state_dict", "check_tensor_shapes", "layout", "tag_state_dict"]
+__all__ = [
+    "CLASS_KEY",
+    "LAYOUT_KEY",
+    "WrapperState",
+    "check_state_dict",
+    "check_tensor_shapes",
+    "layout",
+    "tag_state_dict",
+]
 
 CLASS_KEY = "optimizer_class"
 LAYOUT_KEY = "param_layout"
@@ -135,3 +143,51 @@ class GeneratorStateMixin:
         super().load_state_dict(sd)
         if gen is not None:
             self.generator.set_state(gen)
+
+
+class WrapperState:
+    """``state_dict`` / ``load_state_dict`` of an optimizer that shares its param groups with a
+    ``self.base_optimizer`` (:class:`optimizers.perturbation.PerturbationOptimizer`): the base
+    optimizer's state under ``"base_optimizer"`` (and its class), subclass extras (``_extra_state``)
+    under ``"extra"``, the method's own hyperparameters (``self._own_defaults``) kept in the groups."""
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, extra: dict[str, Any]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["base_optimizer"] = self.base_optimizer.state_dict()
+        sd["base_optimizer_class"] = type(self.base_optimizer).__name__
+        sd["extra"] = self._extra_state()
+        return tag_state_dict(sd, self, self.param_groups)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if isinstance(state_dict, dict) and "base_optimizer" not in state_dict:
+            raise ValueError(
+                "state_dict has no 'base_optimizer' entry; pass a dict produced by this optimizer's "
+                "state_dict()"
+            )
+        sd = check_state_dict(state_dict, self, self.param_groups, required=("state", "param_groups"))
+        base_cls = sd.pop("base_optimizer_class", None)
+        if base_cls is not None and base_cls != type(self.base_optimizer).__name__:
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: the state dict's base optimizer is {base_cls}, "
+                f"this one's is {type(self.base_optimizer).__name__}; build the optimizer with the same "
+                "base_optimizer class"
+            )
+        for i, group in enumerate(sd["param_groups"]):
+            self._check_group(group, i)  # the method's per-group rules
+        base_sd = sd.pop("base_optimizer")
+        extra = sd.pop("extra", {})
+        super().load_state_dict(sd)
+        self.base_optimizer.load_state_dict(base_sd)
+        # re-share the (new) group dicts and keep the method's own hyperparameters
+        for own_group, base_group in zip(self.param_groups, self.base_optimizer.param_groups):
+            for k in self._own_defaults:
+                if k in own_group:
+                    base_group[k] = own_group[k]
+        self.param_groups = self.base_optimizer.param_groups
+        self._load_extra_state(extra)

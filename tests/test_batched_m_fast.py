@@ -1,6 +1,6 @@
-"""The direct engine of batched m-sharpness (optimizers.chunk_direct: no vmap for chains of linear
-layers) against independent references in float64: per-chunk autograd written out by hand, and the
-sequential loop of the optimizers."""
+"""The direct engine of batched m-sharpness (optimizers.m_sharpness; optimizers.chunk_direct: no
+vmap for chains of linear layers) against independent references in float64: per-chunk autograd
+written out by hand, and the sequential loop of the optimizers."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from torch import nn
 
 from landscape.models.lenet import LeNet5, LeNet5BSAM
 from optimizers import ASAM, SAM, BayesianSAM, FisherSAM
-from optimizers.batched_chunks import ChunkVectoriser, chunk_norms
 from optimizers.chunk_direct import check_input, plan
-from optimizers.perturbation import _summarise_stacked, make_closure
+from optimizers.m_sharpness import ChunkEngine, chunk_gradients, chunk_norms, summarise_stacked
+from optimizers.perturbation import make_closure
 
 TOL = 1e-10
 DT = torch.float64
@@ -84,6 +84,12 @@ def _hand_chunk_grads(model, params, x_chunks, y_chunks, points=None):
     return torch.stack(losses), [torch.stack([g[i] for g in grads]) for i in range(len(params))]
 
 
+def _grads(vec, points: dict, stacked: bool, reduce: bool = False):
+    """:func:`chunk_gradients` with the points and gradients by parameter name."""
+    g, losses, bn = chunk_gradients(vec, list(points.values()), stacked=stacked, reduce=reduce)
+    return dict(zip(vec.names, g)), losses, bn
+
+
 @pytest.mark.parametrize("name", sorted(_models()))
 def test_direct_engine_grads_equal_per_chunk_autograd(name: str) -> None:
     torch.manual_seed(0)
@@ -92,13 +98,13 @@ def test_direct_engine_grads_equal_per_chunk_autograd(name: str) -> None:
     m = 4
     x, y = _data(name, 16, seed=1)
     xs, ys = torch.tensor_split(x, m), torch.tensor_split(y, m)
-    vec = ChunkVectoriser(model, nn.CrossEntropyLoss(), params, xs, ys)
-    assert vec.engine == "direct"
+    vec = ChunkEngine(model, nn.CrossEntropyLoss(), params, xs, ys)
+    assert vec.name == "direct"
     names = vec.names
     # shared weights: the m gradients at w
     want_l, want_g = _hand_chunk_grads(model, params, xs, ys)
     with torch.enable_grad():
-        g, losses, bn = vec.grads({n: p.detach() for n, p in zip(names, params)}, stacked=False)
+        g, losses, bn = _grads(vec, {n: p.detach() for n, p in zip(names, params)}, stacked=False)
     assert bn == {}
     torch.testing.assert_close(losses, want_l, atol=TOL, rtol=0)
     for n, w in zip(names, want_g):
@@ -111,7 +117,7 @@ def test_direct_engine_grads_equal_per_chunk_autograd(name: str) -> None:
     stacked = {n: torch.stack([pt[i] for pt in points]) for i, n in enumerate(names)}
     for reduce in (False, True):
         with torch.enable_grad():
-            g, losses, _ = vec.grads(stacked, stacked=True, reduce=reduce)
+            g, losses, _ = _grads(vec, stacked, stacked=True, reduce=reduce)
         torch.testing.assert_close(losses, want_l, atol=TOL, rtol=0)
         for n, w in zip(names, want_g):
             torch.testing.assert_close(g[n], w.sum(0) if reduce else w, atol=TOL, rtol=0)
@@ -258,7 +264,7 @@ def test_chunk_norms_and_stacked_summary_match_their_definitions() -> None:
     torch.testing.assert_close(chunk_norms(ts[:1]), ts[0].reshape(4, -1).norm(dim=1), atol=1e-14, rtol=0)
     for second in (torch.randn(4, generator=g, dtype=DT), torch.randn(4, generator=g)):  # mixed dtypes too
         stacked = {"loss": torch.randn(4, generator=g, dtype=DT), "grad_norm": second}
-        out = _summarise_stacked(stacked)
+        out = summarise_stacked(stacked)
         assert list(out) == ["loss", "grad_norm", "per_chunk"] and len(out["per_chunk"]) == 4
         for key, v in stacked.items():
             assert out[key].dtype == v.dtype and torch.equal(out[key], v.mean())
@@ -281,8 +287,8 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_batched_perturbation_hooks_equal_the_loop_for_each_variant(variant: str) -> None:
-    """ASAM's and Fisher-SAM's ``_perturbation_batched`` (Fisher-SAM with a ``fisher`` callable
-    declines it: the callable is then called chunk by chunk, as in the loop), per-group rho/eta."""
+    """ASAM's and Fisher-SAM's rules on a stack of chunks (Fisher-SAM with a ``fisher`` callable too:
+    the Fisher at ``w`` is the same for every chunk), per-group rho/eta, against the loop."""
     torch.manual_seed(9)
     model = _models()["mlp"]().to(DT)
     twin = copy.deepcopy(model)
@@ -299,7 +305,8 @@ def test_batched_perturbation_hooks_equal_the_loop_for_each_variant(variant: str
     _assert_same(model, opts[0], twin, opts[1])
     pairs = [(opts[0].param_groups[0], p) for p in model.parameters()]
     ones = [torch.ones(4, *p.shape, dtype=DT) for p in model.parameters()]
-    assert (opts[0]._perturbation_batched(pairs, ones) is None) is (variant == "fisher_callable")
+    eps, diag = opts[0]._perturbation(pairs, ones)
+    assert [e.shape for e in eps] == [o.shape for o in ones] and all(v.shape == (4,) for v in diag.values())
 
 
 # --- convolutions (optimizers.chunk_direct_conv) -----------------------------------------------
@@ -358,12 +365,12 @@ def test_conv_engine_grads_equal_per_chunk_autograd(name: str) -> None:
     x, y = _cnn_data(name, 16, seed=11)
     xs, ys = torch.tensor_split(x, m), torch.tensor_split(y, m)
     for params in (list(model.parameters()), list(model.parameters())[1:]):
-        vec = ChunkVectoriser(model, nn.CrossEntropyLoss(), params, xs, ys)
-        assert vec.engine == "direct", vec.direct_unavailable
+        vec = ChunkEngine(model, nn.CrossEntropyLoss(), params, xs, ys)
+        assert vec.name == "direct", vec.direct_unavailable
         names = vec.names
         want_l, want_g = _hand_chunk_grads(model, params, xs, ys)
         with torch.enable_grad():
-            g, losses, _ = vec.grads({n: p.detach() for n, p in zip(names, params)}, stacked=False)
+            g, losses, _ = _grads(vec, {n: p.detach() for n, p in zip(names, params)}, stacked=False)
         torch.testing.assert_close(losses, want_l, atol=TOL, rtol=0)
         for n, w in zip(names, want_g):
             torch.testing.assert_close(g[n], w, atol=TOL, rtol=0)
@@ -376,7 +383,7 @@ def test_conv_engine_grads_equal_per_chunk_autograd(name: str) -> None:
         stacked = {n: torch.stack([pt[i] for pt in points]) for i, n in enumerate(names)}
         for reduce in (False, True):
             with torch.enable_grad():
-                g, losses, _ = vec.grads(stacked, stacked=True, reduce=reduce)
+                g, losses, _ = _grads(vec, stacked, stacked=True, reduce=reduce)
             torch.testing.assert_close(losses, want_l, atol=TOL, rtol=0)
             for n, w in zip(names, want_g):
                 torch.testing.assert_close(g[n], w.sum(0) if reduce else w, atol=TOL, rtol=0)
@@ -473,9 +480,9 @@ def test_conv_on_unbatched_images_goes_to_vmap() -> None:
     assert "Flatten over the batch" in plan(net)[1]
     net = nn.Sequential(nn.Conv2d(16, 3, 3), nn.Flatten(), nn.Linear(4, 3)).to(DT)
     x = torch.randn(16, 4, 4, dtype=DT)  # 16 "examples" of [4, 4]: the conv sees [16, 4, 4] as one image
-    vec = ChunkVectoriser(net, lambda out, y: out.square().mean(), list(net.parameters()),
+    vec = ChunkEngine(net, lambda out, y: out.square().mean(), list(net.parameters()),
                           torch.tensor_split(x, 1), torch.tensor_split(torch.zeros(16), 1))  # fmt: skip
-    assert vec.engine == "vmap" and "3-d input" in vec.direct_unavailable
+    assert vec.name == "vmap" and "3-d input" in vec.direct_unavailable
 
 
 def test_batchnorm_cnn_still_goes_to_vmap_and_equals_the_loop() -> None:

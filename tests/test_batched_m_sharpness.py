@@ -1,4 +1,4 @@
-"""Vectorised m-sharpness (optimizers.batched_chunks) against the sequential loop, float64 on CPU."""
+"""Vectorised m-sharpness (optimizers.m_sharpness) against the sequential loop, float64 on CPU."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The m sub-batch losses of one batched output (optimizers.chunk_losses) and the batched
+"""The m sub-batch losses of one batched output (optimizers.m_sharpness.chunk_losses) and the batched
 m-sharpness step under each of its three ways, against the per-sub-batch loss calls of the loop."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from optimizers import SAM, chunk_losses
-from optimizers.chunk_losses import flat_cross_entropy
+from optimizers import SAM
+from optimizers import m_sharpness as chunk_losses
+from optimizers.m_sharpness import flat_cross_entropy
 from optimizers.perturbation import make_closure
 
 M, B, C = 4, 6, 5

@@ -52,8 +52,8 @@ def test_a_sam_step_interrupted_between_its_passes_completes_and_then_stops() ->
 
     original = opt._perturbation
 
-    def perturbation_then_sigterm(pairs):
-        out = original(pairs)
+    def perturbation_then_sigterm(pairs, grads):
+        out = original(pairs, grads)
         os.kill(os.getpid(), signal.SIGTERM)  # arrives while the weights are about to be perturbed
         return out
 

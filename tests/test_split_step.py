@@ -1,4 +1,4 @@
-"""``first_step`` / ``second_step`` (optimizers.split_step, optimizers.bayes.bsam_split) against
+"""``first_step`` / ``second_step`` (optimizers.perturbation, optimizers.bayes.bsam_split) against
 ``step(closure)``: the same update bit for bit (float64, an MLP and a CNN with BatchNorm, three
 steps through momentum), ``step()`` after ``first_step`` finishing the step, ``cancel_step``
 restoring everything, and the misuse errors."""

@@ -13,9 +13,16 @@ import torch
 from torch import nn
 
 from landscape.checks import check_range
-from optimizers.batched_chunks import NotVectorisable, batched_reason, bsam_chunks
 from optimizers.bayes.bsam_split import BSAMSplitStep, FlatState
-from optimizers.perturbation import accepts_chunk, bn_restore, bn_snapshot
+from optimizers.bn_state import bn_restore, bn_snapshot
+from optimizers.closure import accepts_chunk
+from optimizers.m_sharpness import (
+    NotVectorisable,
+    choose_engine,
+    chunk_gradients,
+    chunk_norms,
+    fail,
+)
 from optimizers.posterior import (
     DiagonalGaussianPosterior,
     check_closure_loss,
@@ -98,7 +105,8 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
         model: optional module; BatchNorm running statistics are updated only by the first pass of
             each sub-batch (the pass at the noisy point), never by the pass at ``w + eps``.
         batched_m: with ``m > 1`` vectorise the sub-batches when the closure allows it (as the SAM
-            family, :mod:`optimizers.batched_chunks`; ``self.last["m_sharpness"]`` says which ran);
+            family, :func:`optimizers.m_sharpness.chunk_gradients`; ``self.last["m_sharpness"]`` says
+            which ran);
             ``False`` forces the loop of ``2 m`` closure calls.
 
     ``self.last``: ``loss`` (mean over sub-batches of the first-pass loss, at ``w + e``),
@@ -173,12 +181,16 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
 
     # ----------------------------------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group; its hyperparameters (given or defaulted) are checked like the constructor's."""
+        """Add a group; the hyperparameters it sets itself are checked like the constructor's (the
+        defaults were checked once, there)."""
+        given = set(param_group)
         super().add_param_group(param_group)
         group, i = self.param_groups[-1], len(self.param_groups) - 1
         for key in ("lr", "rho", "prior_precision", "damping"):
-            check_nonneg(f"{key} (param group {i})", group[key])
-        _check_betas(f"betas (param group {i})", group["betas"])
+            if key in given:
+                check_nonneg(f"{key} (param group {i})", group[key])
+        if "betas" in given:
+            _check_betas(f"betas (param group {i})", group["betas"])
 
     def _params(self) -> list[tuple[dict[str, Any], torch.Tensor]]:
         return [(g, p) for g in self.param_groups for p in g["params"] if p.requires_grad]
@@ -202,8 +214,10 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
             loss = closure() if chunk is None else closure(chunk)
         return check_closure_loss(loss, "BayesianSAM").detach()
 
-    def _sequential(self, closure: Callable[..., Any], fs: FlatState) -> dict[str, Any]:
-        """The ``2 m`` closure calls one sub-batch after another; the sums the update needs.
+    def _loop(self, closure: Callable[..., Any], fs: FlatState) -> dict[str, Any]:
+        """The loop engine: per sub-batch the pieces of :meth:`noise_step` (``_add_noise``), the
+        closure, :meth:`first_step` (``_ascend``), the closure, ``w`` restored; the sums the update
+        (:meth:`second_step`'s ``_update``) needs.
 
         ``g_eps`` / ``h``: flat sums per bucket; ``active``: which parameters got a gradient in some
         pass.  The diagnostics are 0-d tensors on the parameters' device: no host read.
@@ -253,22 +267,52 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
             gnorm=gnorm, eps=eps_n, noise=noise_n,
         )  # fmt: skip
 
-    def _batched(self, closure: Callable[..., Any], fs: FlatState) -> dict[str, Any]:
-        """The vectorised passes (:func:`optimizers.batched_chunks.bsam_chunks`), summed as by
-        :meth:`_sequential`."""
-        sums = bsam_chunks(self, closure, fs.pairs, fs.s_views)
+    def _chunk_step(self, engine: Any, closure: Any, fs: FlatState) -> dict[str, Any] | None:
+        """The vectorised engines: the ``m`` gradients ``g_k`` at ``w + e_k`` in one pass of
+        :func:`optimizers.m_sharpness.chunk_gradients`, ``eps_k = rho g_k / s``, the sum of the
+        ``m`` gradients at ``w + eps_k`` in another; the sums :meth:`_loop` returns, or ``None``
+        (generator restored) after recording why the loop must run. Noise ``e_k`` is drawn chunk
+        by chunk, parameter by parameter, from ``self.generator``, as the loop draws it."""
+        params, s_list, m = fs.params, fs.s_views, engine.m
+        gen_state = self.generator.get_state()
+        w = [p.detach() for p in params]
+        noise_sq = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
+        points = w
+        if self.noise:
+            std = torch._foreach_rsqrt(torch._foreach_mul(s_list, float(self.num_data)))
+            draws = [
+                [
+                    torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device)
+                    for p in params
+                ]
+                for _ in range(m)
+            ]
+            noise = [torch.stack([draws[k][i] for k in range(m)]).mul_(sd) for i, sd in enumerate(std)]
+            noise_sq = torch.stack([e.square().sum() for e in noise]).sum()
+            points = torch._foreach_add(w, noise)
+        try:
+            grads, losses, bn_stats = chunk_gradients(engine, points, stacked=self.noise)
+            eps = [grp["rho"] * gk / s for (grp, _), gk, s in zip(fs.pairs, grads, s_list)]
+            eps_sq = torch.stack([e.square().sum() for e in eps]).sum()
+            g_eps, losses_eps, _ = chunk_gradients(
+                engine, torch._foreach_add(w, eps), stacked=True, reduce=True
+            )
+        except NotVectorisable as exc:
+            self.generator.set_state(gen_state)
+            fail(self, closure, exc)
+            return None
+        engine.apply_bn_updates(bn_stats)
         fs.save()
-        g_eps, h = sums["g_eps_sum"], sums["h_sum"]
-        m = self.m
+        h = [(s.sqrt() * gk.abs()).sum(0) for s, gk in zip(s_list, grads)]
         return dict(
             g_eps=[fs.gather(b, g_eps) for b in fs.buckets],
             h=[fs.gather(b, h) for b in fs.buckets],
-            active=[g is not None or hi is not None for g, hi in zip(g_eps, h)],
-            losses=sums["losses"],
-            losses_eps=sums["losses_eps"],
-            grad_norm=sums["gnorm"] / m,
-            eps_norm=(sums["eps_sq"] / m).sqrt(),
-            noise_norm=(sums["noise_sq"] / m).sqrt(),
+            active=[True] * len(params),
+            losses=list(losses),
+            losses_eps=list(losses_eps),
+            grad_norm=chunk_norms(grads).sum() / m,
+            eps_norm=(eps_sq / m).sqrt(),
+            noise_norm=(noise_sq / m).sqrt(),
         )
 
     def _update(
@@ -395,16 +439,12 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
                 "(see optimizers.perturbation.make_closure)"
             )
         fs = self._flat()
-        mode = batched_reason(self, closure) if self.m > 1 else ""
-        sums = None
-        if mode == "batched":
-            try:
-                sums = self._batched(closure, fs)
-            except NotVectorisable as exc:
-                self._batched_failed[id(closure.model)] = str(exc)
-                mode = f"sequential: {exc}"
+        engine, mode = choose_engine(self, closure, fs.params) if self.m > 1 else (None, "")
+        sums = self._chunk_step(engine, closure, fs) if engine is not None else None
         if sums is None:
-            sums = self._sequential(closure, fs)
+            if engine is not None:  # the engine failed on this model: the loop, from now on
+                mode = f"sequential: {self._batched_failed[id(closure.model)]}"
+            sums = self._loop(closure, fs)
         self._update(fs, sums["g_eps"], sums["h"], sums["active"], set_grads=self.m > 1)
         if "grad_norm" in sums:
             norms = (sums["grad_norm"], sums["eps_norm"], sums["noise_norm"])

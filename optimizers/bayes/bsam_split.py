@@ -11,7 +11,7 @@ summed in another order.  The price is memory: besides ``s`` and ``g_m``, three 
 (the saved weights, the perturbed weights, a pass's gradients) and ``1/sqrt(N s)``, ``sqrt(s)``
 (computed once per value of ``s``) are kept between steps, five parameter-sized buffers more.
 
-The split-step interface of the SAM family (:mod:`optimizers.split_step`) for
+The split-step interface of the SAM family (:mod:`optimizers.perturbation`) for
 :class:`optimizers.BayesianSAM`, whose first gradient is taken at the noisy point ``w + e``
 (Moellenhoff & Khan 2023, Alg. 1, line 3)::
 

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from optimizers.bayes.sgvb import _noise_mode, _require_layers, kl_divergence
-from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer, global_norm
+from optimizers.m_sharpness import chunk_norms, per_chunk
+from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer
 from optimizers.posterior import check_nonneg, check_num_data
 
 __all__ = ["FlatSGVB"]
@@ -96,24 +97,24 @@ class FlatSGVB(PerturbationOptimizer):
             )
         return loss
 
-    def _perturbation(self, pairs):
+    def _perturbation(self, pairs, grads):
         scaled: list[torch.Tensor | None] = []
-        for _, p in pairs:
+        for (_, p), g in zip(pairs, grads):
             if p in self._std_params and not self.perturb_std:
                 scaled.append(None)
             elif self.geometry and p in self._rho_of:
                 sig = F.softplus(self._rho_of[p]).clamp_min(torch.finfo(p.dtype).tiny)
-                scaled.append(p.abs() / sig * p.grad)
+                scaled.append(p.abs() / sig * g)
             else:
-                scaled.append(p.grad)
+                scaled.append(g)
         active = [s for s in scaled if s is not None]
-        raw = [p.grad for (_, p), s in zip(pairs, scaled) if s is not None]
-        tnorm = global_norm(active)
+        raw = [g for g, s in zip(grads, scaled) if s is not None]
+        tnorm = chunk_norms(active)
         eps = [
-            torch.zeros_like(p) if s is None else s * (group["rho"] / (tnorm + NORM_GUARD))
-            for (group, p), s in zip(pairs, scaled)
+            g.new_zeros(g.shape) if s is None else s * per_chunk(group["rho"] / (tnorm + NORM_GUARD), s)
+            for (group, _), g, s in zip(pairs, grads, scaled)
         ]
-        return eps, {"grad_norm": global_norm(raw), "scaled_grad_norm": tnorm, "eps_norm": global_norm(eps)}
+        return eps, {"grad_norm": chunk_norms(raw), "scaled_grad_norm": tnorm, "eps_norm": chunk_norms(eps)}
 
     def _adjust_descent(self) -> None:
         with torch.enable_grad():

@@ -9,13 +9,8 @@ import torch
 from torch import nn
 
 from landscape.checks import check_positive
-from optimizers.perturbation import (
-    NORM_GUARD,
-    PerturbationOptimizer,
-    check_nonnegative,
-    chunk_norms,
-    global_norm,
-)
+from optimizers.m_sharpness import chunk_norms, chunk_sums, per_chunk
+from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer
 
 __all__ = ["FisherSAM"]
 
@@ -62,8 +57,6 @@ class FisherSAM(PerturbationOptimizer):
         m: int = 1,
         **base_kwargs: Any,
     ) -> None:
-        check_nonnegative("rho", rho)
-        check_nonnegative("eta", eta)
         if fisher is not None and not callable(fisher):
             raise TypeError("fisher must be a callable param -> diagonal Fisher (same shape), or None")
         check_positive("grad_scale", grad_scale)
@@ -76,7 +69,7 @@ class FisherSAM(PerturbationOptimizer):
     def _diag_fisher(self, group: dict[str, Any], p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         if self.fisher is None:
             return g * g * group["eta"] + 1.0
-        f = self.fisher(p)
+        f = self.fisher(p)  # the Fisher at w: the same for every chunk
         if not isinstance(f, torch.Tensor) or f.shape != p.shape:
             raise ValueError(
                 f"fisher(param) must return a tensor of the parameter's shape {tuple(p.shape)}, got "
@@ -87,47 +80,17 @@ class FisherSAM(PerturbationOptimizer):
             raise ValueError("fisher(param) must be strictly positive (it is inverted); add a small damping")
         return f
 
-    def _perturbation(self, pairs):
-        grads = [p.grad / self.grad_scale if self.grad_scale != 1.0 else p.grad for _, p in pairs]
-        fishers = [self._diag_fisher(group, p, g) for (group, p), g in zip(pairs, grads)]
-        fg = [g / f for g, f in zip(grads, fishers)]  # F~^{-1} g
-        if fg:
-            quad = torch.stack([(g * v).sum() for g, v in zip(grads, fg)]).sum()
-        else:
-            quad = torch.zeros(())
-        inv = 1.0 / (quad.sqrt() + NORM_GUARD)
-        eps = [v * (group["rho"] * inv) for (group, _), v in zip(pairs, fg)]
-        if eps:
-            fnorm = torch.stack([(e * f * e).sum() for e, f in zip(eps, fishers)]).sum().sqrt()
-        else:
-            fnorm = torch.zeros(())
-        return eps, {
-            "grad_norm": global_norm(grads),
-            "fisher_quadratic": quad,
-            "eps_norm": global_norm(eps),
-            "eps_fisher_norm": fnorm,
-        }
-
-    def _perturbation_batched(self, pairs, grads):
-        """:meth:`_perturbation` of the ``m`` chunks at once (``grads[i]``: ``[m, *p.shape]``);
-        ``None`` with a ``fisher`` callable (called once per chunk, as the loop does)."""
-        if self.fisher is not None or not grads:
-            return None
+    def _perturbation(self, pairs, grads):
         if self.grad_scale != 1.0:
             grads = [g / self.grad_scale for g in grads]
         fishers = [self._diag_fisher(group, p, g) for (group, p), g in zip(pairs, grads)]
         fg = [g / f for g, f in zip(grads, fishers)]  # F~^{-1} g, chunk by chunk
-
-        def per_chunk_sum(ts: list[torch.Tensor]) -> torch.Tensor:
-            return torch.stack([t.reshape(t.shape[0], -1).sum(1) for t in ts]).sum(0)
-
-        quad = per_chunk_sum([g * v for g, v in zip(grads, fg)])
+        quad = chunk_sums([g * v for g, v in zip(grads, fg)])
         inv = 1.0 / (quad.sqrt() + NORM_GUARD)
-        eps = [v * (group["rho"] * inv).view(-1, *([1] * (v.dim() - 1))) for (group, _), v in zip(pairs, fg)]
-        fnorm = per_chunk_sum([e * f * e for e, f in zip(eps, fishers)]).sqrt()
+        eps = [v * per_chunk(group["rho"] * inv, v) for (group, _), v in zip(pairs, fg)]
         return eps, {
             "grad_norm": chunk_norms(grads),
             "fisher_quadratic": quad,
             "eps_norm": chunk_norms(eps),
-            "eps_fisher_norm": fnorm,
+            "eps_fisher_norm": chunk_sums([e * f * e for e, f in zip(eps, fishers)]).sqrt(),
         }

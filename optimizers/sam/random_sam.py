@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
+from optimizers.m_sharpness import chunk_norms, chunk_sums, per_chunk
+from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer
 from optimizers.posterior import resolve_generator
 
 __all__ = ["RandomSAM", "MixSAM"]
@@ -28,6 +29,12 @@ class _NoiseMixin:
 
     def _randn(self, p: torch.Tensor) -> torch.Tensor:
         return torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device)
+
+    def _randn_chunks(self, pairs: list, n: int) -> list[torch.Tensor]:
+        """``z`` stacked ``[n, *p.shape]`` per parameter, drawn chunk by chunk, parameter by parameter
+        (the loop's order)."""
+        draws = [[self._randn(p) for _, p in pairs] for _ in range(n)]
+        return [torch.stack(col) for col in zip(*draws)]
 
     def _extra_state(self) -> dict[str, Any]:
         return {"rng_state": self.generator.get_state(), "seed": self.seed}
@@ -78,19 +85,17 @@ class RandomSAM(_NoiseMixin, PerturbationOptimizer):
         m: int = 1,
         **base_kwargs: Any,
     ) -> None:
-        check_nonnegative("rho", rho)
-        check_nonnegative("alpha", alpha)
         super().__init__(
             params, base_optimizer, model=model, m=m, defaults={"rho": rho, "alpha": alpha}, **base_kwargs
         )
         self._init_generator(seed, generator)
 
-    def _perturbation(self, pairs):
+    def _perturbation(self, pairs, grads):  # one-pass: grads is None, one chunk
         p_total = sum(p.numel() for _, p in pairs)
         scale = 1.0 / math.sqrt(max(p_total, 1))
-        eps = [self._randn(p).mul_(group["rho"] * scale) for group, p in pairs]
+        eps = [self._randn(p).mul_(group["rho"] * scale).unsqueeze(0) for group, p in pairs]
         return eps, {
-            "eps_norm": global_norm(eps),
+            "eps_norm": chunk_norms(eps),
             "sigma": torch.tensor(pairs[0][0]["rho"] * scale if pairs else 0.0),
         }
 
@@ -136,26 +141,21 @@ class MixSAM(_NoiseMixin, PerturbationOptimizer):
         m: int = 1,
         **base_kwargs: Any,
     ) -> None:
-        check_nonnegative("rho", rho)
-        check_nonnegative("kappa", kappa)
         super().__init__(
             params, base_optimizer, model=model, m=m, defaults={"rho": rho, "kappa": kappa}, **base_kwargs
         )
         self._init_generator(seed, generator)
 
-    def _perturbation(self, pairs):
-        grads = [p.grad for _, p in pairs]
+    def _perturbation(self, pairs, grads):
         p_total = sum(p.numel() for _, p in pairs)
-        gnorm = global_norm(grads)
+        gnorm = chunk_norms(grads)
         a = math.sqrt(max(p_total, 1)) / (gnorm + NORM_GUARD)
-        u = [g * a + self._randn(p).mul_(group["kappa"]) for (group, p), g in zip(pairs, grads)]
-        inv = 1.0 / (global_norm(u) + NORM_GUARD)
-        eps = [v * (group["rho"] * inv) for (group, _), v in zip(pairs, u)]
-        eps_norm = global_norm(eps)
-        if eps:
-            dot = torch.stack([(e * g).sum() for e, g in zip(eps, grads)]).sum()
-        else:
-            dot = torch.zeros(())
+        z = self._randn_chunks(pairs, grads[0].shape[0] if grads else 1)
+        u = [g * per_chunk(a, g) + zi.mul_(group["kappa"]) for (group, _), g, zi in zip(pairs, grads, z)]
+        inv = 1.0 / (chunk_norms(u) + NORM_GUARD)
+        eps = [v * per_chunk(group["rho"] * inv, v) for (group, _), v in zip(pairs, u)]
+        eps_norm = chunk_norms(eps)
+        dot = chunk_sums([e * g for e, g in zip(eps, grads)])
         return eps, {
             "grad_norm": gnorm,
             "eps_norm": eps_norm,

@@ -16,13 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from optimizers.perturbation import (
-    NORM_GUARD,
-    PerturbationOptimizer,
-    check_nonnegative,
-    chunk_norms,
-    global_norm,
-)
+from optimizers.m_sharpness import chunk_norms, per_chunk
+from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer
 
 __all__ = ["SAM", "ASAM"]
 
@@ -66,30 +61,18 @@ class SAM(PerturbationOptimizer):
         m: int = 1,
         **base_kwargs: Any,
     ) -> None:
-        check_nonnegative("rho", rho)
         super().__init__(params, base_optimizer, model=model, m=m, defaults={"rho": rho}, **base_kwargs)
 
-    def _perturbation(self, pairs):
-        grads = [p.grad for _, p in pairs]
-        gnorm = global_norm(grads)
+    def _perturbation(self, pairs, grads):
+        gnorm = chunk_norms(grads)  # [m] (0-d for one chunk)
         scale = 1.0 / (gnorm + NORM_GUARD)
         rhos = {group["rho"] for group, _ in pairs}
-        if len(rhos) == 1:  # one rho (the usual case): one foreach product, ||eps|| = rho ||g|| scale
-            factor = scale * rhos.pop()
-            eps = torch._foreach_mul(grads, factor) if grads else []
-            return eps, {"grad_norm": gnorm, "eps_norm": gnorm * factor}
-        eps = [g * (group["rho"] * scale) for (group, _), g in zip(pairs, grads)]
-        return eps, {"grad_norm": gnorm, "eps_norm": global_norm(eps)}
-
-    def _perturbation_batched(self, pairs, grads):
-        gnorm = chunk_norms(grads)
-        scale = 1.0 / (gnorm + NORM_GUARD)
-        rhos = {group["rho"] for group, _ in pairs}
-        if len(rhos) == 1:  # as _perturbation: ||eps_k|| = rho ||g_k|| scale_k
+        if len(rhos) == 1:  # one rho (the usual case): one foreach product, ||eps_k|| = rho ||g_k|| scale_k
             factor = scale.mul_(rhos.pop())
-            eps = torch._foreach_mul(list(grads), [_per_chunk(factor, g) for g in grads])
+            scales = factor if factor.dim() == 0 else [per_chunk(factor, g) for g in grads]
+            eps = torch._foreach_mul(list(grads), scales) if grads else []
             return eps, {"grad_norm": gnorm, "eps_norm": gnorm * factor}
-        eps = [g * _per_chunk(group["rho"] * scale, g) for (group, _), g in zip(pairs, grads)]
+        eps = [g * per_chunk(group["rho"] * scale, g) for (group, _), g in zip(pairs, grads)]
         return eps, {"grad_norm": gnorm, "eps_norm": chunk_norms(eps)}
 
 
@@ -148,8 +131,6 @@ class ASAM(PerturbationOptimizer):
         m: int = 1,
         **base_kwargs: Any,
     ) -> None:
-        check_nonnegative("rho", rho)
-        check_nonnegative("eta", eta)
         if not callable(scale) and scale not in _SCALE_RULES:
             raise ValueError(
                 f"scale must be one of {', '.join(repr(s) for s in _SCALE_RULES)} or a callable "
@@ -205,36 +186,7 @@ class ASAM(PerturbationOptimizer):
             if self._is_scaled(p)
         ]
 
-    def _perturbation(self, pairs):
-        scales: list[torch.Tensor | None] = []
-        tg: list[torch.Tensor] = []
-        for group, p in pairs:
-            if self._is_scaled(p):
-                t = p.detach().abs().add_(group["eta"])
-                scales.append(t)
-                tg.append(t * p.grad)
-            else:
-                scales.append(None)
-                tg.append(p.grad)
-        tnorm = global_norm(tg)
-        inv = 1.0 / (tnorm + NORM_GUARD)
-        eps: list[torch.Tensor] = []
-        eps_scaled: list[torch.Tensor] = []
-        for (group, _), t, v in zip(pairs, scales, tg):
-            # eps = rho T (T g) / ||T g||;  T^{-1} eps = rho (T g) / ||T g||
-            u = v * (group["rho"] * inv)
-            eps_scaled.append(u)
-            eps.append(u if t is None else t * u)
-        grads = [p.grad for _, p in pairs]
-        return eps, {
-            "grad_norm": global_norm(grads),
-            "scaled_grad_norm": tnorm,
-            "eps_norm": global_norm(eps),
-            "eps_scaled_norm": global_norm(eps_scaled),
-        }
-
-    def _perturbation_batched(self, pairs, grads):
-        """:meth:`_perturbation` of the ``m`` chunks at once (``grads[i]``: ``[m, *p.shape]``)."""
+    def _perturbation(self, pairs, grads):
         scales: list[torch.Tensor | None] = []
         tg: list[torch.Tensor] = []
         for (group, p), g in zip(pairs, grads):
@@ -250,7 +202,8 @@ class ASAM(PerturbationOptimizer):
         eps: list[torch.Tensor] = []
         eps_scaled: list[torch.Tensor] = []
         for (group, _), t, v in zip(pairs, scales, tg):
-            u = v * _per_chunk(group["rho"] * inv, v)
+            # eps = rho T (T g) / ||T g||;  T^{-1} eps = rho (T g) / ||T g||
+            u = v * per_chunk(group["rho"] * inv, v)
             eps_scaled.append(u)
             eps.append(u if t is None else t * u)
         return eps, {
@@ -259,8 +212,3 @@ class ASAM(PerturbationOptimizer):
             "eps_norm": chunk_norms(eps),
             "eps_scaled_norm": chunk_norms(eps_scaled),
         }
-
-
-def _per_chunk(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``values [m]`` shaped to scale the chunks of ``like [m, ...]``."""
-    return values.view(-1, *([1] * (like.dim() - 1)))

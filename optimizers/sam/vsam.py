@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer, check_nonnegative, global_norm
+from optimizers.m_sharpness import chunk_norms, chunk_sums, per_chunk
+from optimizers.perturbation import NORM_GUARD, PerturbationOptimizer
 from optimizers.posterior import DiagonalGaussianPosterior, check_num_data, check_positive, resolve_generator
 
 __all__ = ["VariationalSAM"]
@@ -92,9 +93,6 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
         m: int = 1,
         **base_kwargs: Any,
     ) -> None:
-        check_nonnegative("rho", rho)
-        check_nonnegative("sigma_lr", sigma_lr)
-        check_nonnegative("kl_weight", kl_weight)
         check_num_data(num_data)
         check_positive("prior_std", prior_std)
         defaults = {
@@ -118,11 +116,12 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
         self._sigma_data_grad: dict[torch.Tensor, torch.Tensor] = {}
         self._chunks_seen = 0
 
-    def _check_group(self, group: dict[str, Any], index: int) -> None:
-        super()._check_group(group, index)
-        if "prior_std" in group:
+    def _check_group(self, group: dict[str, Any], index: int, keys: Any = None) -> None:
+        super()._check_group(group, index, keys)
+        keys = group if keys is None else keys
+        if "prior_std" in keys and "prior_std" in group:
             check_positive(f"prior_std (param group {index})", group["prior_std"])
-        if "num_data" in group:
+        if "num_data" in keys and "num_data" in group:
             check_num_data(group["num_data"])
 
     # ---- posterior API ---------------------------------------------------------------------
@@ -147,32 +146,29 @@ class VariationalSAM(PerturbationOptimizer, DiagonalGaussianPosterior):
         self._sigma_data_grad = {}
         self._chunks_seen = 0
 
-    def _perturbation(self, pairs):
-        grads = [p.grad for _, p in pairs]
+    def _perturbation(self, pairs, grads):
         sig2 = [self.state[p]["sigma"].square() for _, p in pairs]
-        sg = [s * g for s, g in zip(sig2, grads)]  # Sigma g
+        sg = [s * g for s, g in zip(sig2, grads)]  # Sigma g, chunk by chunk
         p_total = sum(p.numel() for _, p in pairs)
         sqrt_p = math.sqrt(max(p_total, 1))
-        quad = torch.stack([(g * v).sum() for g, v in zip(grads, sg)]).sum() if sg else torch.zeros(())
-        denom = quad.sqrt() + NORM_GUARD
-        eps = [v * (sqrt_p / denom) for v in sg]
-        # data part of dJ/dsigma with g detached: sqrt(p) sigma g^2 / sqrt(g^T Sigma g)
-        self._chunks_seen += 1
+        quad = chunk_sums([g * v for g, v in zip(grads, sg)])
+        factor = sqrt_p / (quad.sqrt() + NORM_GUARD)
+        eps = [v * per_chunk(factor, v) for v in sg]
+        # data part of dJ/dsigma, g detached, summed over chunks: sqrt(p) sigma g^2 / sqrt(g^T Sigma g)
+        n = grads[0].shape[0] if grads else 1
+        self._chunks_seen += n
         for (_, p), g in zip(pairs, grads):
-            d = self.state[p]["sigma"] * g.square() * (sqrt_p / denom)
+            d = self.state[p]["sigma"] * g.square() * per_chunk(factor, g)
+            d = d[0] if n == 1 else d.sum(0)
             if p in self._sigma_data_grad:
                 self._sigma_data_grad[p].add_(d)
             else:
                 self._sigma_data_grad[p] = d
-        if eps:
-            maha = torch.stack([(e * e / s).sum() for e, s in zip(eps, sig2)]).sum()
-        else:
-            maha = torch.zeros(())
         return eps, {
-            "grad_norm": global_norm(grads),
+            "grad_norm": chunk_norms(grads),
             "sigma_quadratic": quad,
-            "eps_norm": global_norm(eps),
-            "eps_mahalanobis": maha,
+            "eps_norm": chunk_norms(eps),
+            "eps_mahalanobis": chunk_sums([e * e / s for e, s in zip(eps, sig2)]),
         }
 
     def _adjust_descent(self) -> None:
