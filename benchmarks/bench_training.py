@@ -9,7 +9,7 @@ What is timed (the same model, data, batch size and augmentation everywhere, flo
   order, batch indexing and augmentation, the method's closure, the optimizer step, the learning-rate
   schedule, the divergence monitor; no checkpoint, no test metrics, no log). Methods: SGD (momentum
   0.9, weight decay 5e-4), SAM with m = 1 and m = 8 (the batched sub-batches of
-  :mod:`optimizers.batched_chunks`, the default, and the loop, ``batched_m = false``), ASAM,
+  :mod:`optimizers.m_sharpness`, the default, and the loop, ``batched_m = false``), ASAM,
   Fisher-SAM, bSAM with m = 1 and m = 8 (batched and loop), VOGN, IVON and SWAG (SGD collecting a
   rank-20 deviation matrix once per epoch from the first one). Hyperparameters are those of
   ``configs/digits_sam_vs_sgd.toml`` / ``configs/digits_bayesian_methods.toml`` (they do not change

@@ -205,7 +205,7 @@ class ClosureFactory:
                     return ctx.reduce_value(loss, weights[k])
             return loss.detach()
 
-        # what optimizers.batched_chunks needs to vectorise the m sub-batches (m-sharpness)
+        # what optimizers.m_sharpness needs to vectorise the m sub-batches (m-sharpness)
         closure.model, closure.loss_fn, closure.x_chunks, closure.y_chunks = self.model, self.loss_fn, xs, ys
         cache = self.__dict__.setdefault("_unavailable_cache", {})  # the same for every step of a run
         if scaler.enabled not in cache:

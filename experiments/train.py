@@ -23,7 +23,7 @@ each milestone epoch) or ``constant``, after an optional linear warm-up, through
 shapes on a GPU, ``"max-autotune"``); the closure, the optimizer's two passes and its update are
 unchanged, evaluation and checkpoints use the eager module (same weights). Updates equal the eager
 ones within float32 rounding (``tests/test_compiled_step.py``). The batched m-sharpness path
-(:mod:`optimizers.batched_chunks`) vmaps the eager module; the sub-batch loop
+(:mod:`optimizers.m_sharpness`) vectorises the eager module; the sub-batch loop
 (``batched_m = false``) runs the compiled one.
 
 A non-finite training loss, a training loss that grew by more than ``train.divergence_factor``,
