@@ -1,6 +1,6 @@
 """Choosing among equivalent product paths by timing them on the device that runs them.
 
-Several engines compute the same Hessian product (``curvature.engines``): which is fastest depends
+Several engines compute the same Hessian product (``curvature.hessian``): which is fastest depends
 on the model, the block width and the device (on an H100, forward-over-reverse beats double
 backward from about 8 vectors per block on ResNet-20; on a CPU double backward with a cached graph
 wins, measured by ``benchmarks/bench_products.py``). A fixed table cannot know the user's model and

@@ -4,7 +4,7 @@ All operators are ``p x p`` symmetric matrices at a fixed point ``theta`` (the o
 parameters when the operator is built, or ``params=``), for the whole-dataset loss
 ``L = sum_b w_b l(f(X_b), y_b)`` with ``w_b = |B_b|/N`` (mean) or ``1`` (sum):
 
-* Hessian ``H = d^2 L / d theta^2`` (:class:`HessianOperator`, engines in ``landscape.curvature.engines``).
+* Hessian ``H = d^2 L / d theta^2`` (:class:`HessianOperator`, ``landscape.curvature.hessian``).
 * Generalised Gauss-Newton ``G = sum_b w_b J_b^T H_out,b J_b`` with ``J_b = df(X_b)/dtheta`` and
   ``H_out,b = d^2 l / d f^2`` obtained by autodiff, so any twice-differentiable loss works
   (Schraudolph 2002, "Fast curvature matrix-vector products", eq. 8; Martens 2020, "New insights
@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from landscape.curvature.autotune import width_class
+from landscape.curvature.autotune import PathTimer, width_class
 from landscape.curvature.memory import BlockBudget, make_budget
 from landscape.objective import Objective
 
@@ -157,17 +157,29 @@ def product_kernels() -> contextlib.AbstractContextManager:
 class CurvatureOperator:
     """Base class: a symmetric ``p x p`` curvature matrix at a fixed point, applied matrix-free.
 
-    Subclasses implement ``_matmat(V) -> [p, k]`` on the local data; the base class validates the
-    input, restores the model's train/eval flags (products only ever see private copies of
-    parameters and buffers, so the model itself cannot change), sums over data-parallel ranks
-    and counts products.  ``max_memory``: split blocks into chunks of columns whose measured peak
-    stays within this budget (bytes, ``"2GiB"``, a fraction of the free memory; ``None``: no limit,
-    no measurement), see :mod:`landscape.curvature.memory`.
+    The base owns everything around a product: :meth:`matmat` validates the block (shape, dtype,
+    finite), restores the model's train/eval flags (products only ever see private copies of
+    parameters and buffers, so the model itself cannot change), runs the product kernels
+    (:func:`product_kernels`), splits the columns within ``max_memory`` (a budget of the measured
+    peak: bytes, ``"2GiB"``, a fraction of the free memory; ``None``: no limit, no measurement; see
+    :mod:`landscape.curvature.memory`), sums over data-parallel ranks, checks the result and counts
+    products.  :meth:`_matmat` is the one loop over batches: ``A V = sum_b A_b V``.
+
+    A subclass supplies its per-batch products, ``product(batch, V) -> [p, k]`` with ``batch`` a
+    :meth:`_new_batch` state (the batch and what the operator keeps of it), named in ``PRODUCTS``
+    (path -> method), and :meth:`_choose`, the one function that picks the path a block runs on
+    (like ``torch.optim.sgd`` picking ``_single_tensor``/``_multi_tensor``/``_fused``).  A path left
+    to measurement (``_choose`` returns ``None``) is timed once per width class by
+    :class:`~landscape.curvature.autotune.PathTimer` (:meth:`_calibrate`).
     """
 
     name = "curvature"
+    PRODUCTS: dict[str, str] = {}  # path -> name of the per-batch product method
     _uses_per_example = False  # built from per-example gradients (undefined for a random forward)
     _budget: BlockBudget | None = None  # max_memory=None: one pass per block, nothing measured
+    _timer: PathTimer | None = None  # calibrate: the candidate paths timed per width class
+    _keep_batches = False  # keep the per-batch states (graphs, factors) between products
+    _strict = False  # True while the paths are timed: a failing path raises (and is dropped)
 
     def __init__(self, objective: Objective, params: Any = None, max_memory: Any = None) -> None:
         if not isinstance(objective, Objective):
@@ -185,17 +197,69 @@ class CurvatureOperator:
         self.dtype = objective.dtype
         self.device = objective.device
         self.matvecs = 0
+        self._kept: list[Any] | None = None
 
     # ------------------------------------------------------------------ to implement
-    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    def _choose(self, k: int) -> str | None:
+        """The path a block of ``k`` columns runs on (``None``: time the candidates first)."""
+        return next(iter(self.PRODUCTS))
+
+    def _new_batch(self, index: int, x: Any, y: torch.Tensor, w: float, bufs: dict[str, torch.Tensor]) -> Any:
+        """The state of batch ``index`` the products receive (default: the batch itself)."""
+        return (x, y, w, bufs)
+
+    def _calibrated(self, k: int) -> None:
+        """After the timed first block of ``k`` columns (record the choice)."""
 
     def _extra_config(self) -> dict[str, Any]:
         return {}
 
     def _path_key(self, k: int) -> str:
         """The product path a block of ``k`` columns runs on: memory fits are kept per path."""
-        return width_class(k)
+        return f"{self._choose(k) or 'uncalibrated'}/{width_class(k)}"
+
+    # ------------------------------------------------------------------ the loop over batches
+    def _batches(self) -> Iterator[Any]:
+        """The per-batch states of one pass: kept ones (``_keep_batches``), or new ones."""
+        if self._kept is not None:
+            yield from self._kept
+            return
+        obj, kept = self.objective, []
+        bufs = obj.buffers()  # copies, once per pass
+        for i, (x, y, w) in enumerate(obj.batches()):
+            batch = self._new_batch(i, x, y, w, bufs)
+            if self._keep_batches:
+                kept.append(batch)
+            yield batch
+            del batch  # not kept: freed before the next batch's state is built
+        if self._keep_batches:
+            self._kept = kept
+
+    def _run(self, path: str, V: torch.Tensor) -> torch.Tensor:
+        """``A V = sum_b A_b V`` on the local data with the per-batch product of ``path``."""
+        product = getattr(self, self.PRODUCTS[path])
+        total = None
+        for batch in self._batches():
+            part = product(batch, V)
+            total = part if total is None else total.add_(part)
+            del batch, part  # an uncached graph is freed before the next batch's is built
+        return total
+
+    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
+        """``A V`` for one chunk of columns on the local data: the chosen path, or its calibration."""
+        path = self._choose(int(V.shape[1]))
+        return self._calibrate(V) if path is None else self._run(path, V)
+
+    def _calibrate(self, V: torch.Tensor) -> torch.Tensor:
+        """The first block of a width class: every candidate path timed (untimed run, timed run;
+        :class:`~landscape.curvature.autotune.PathTimer`), the fastest kept; the result is its."""
+        self._strict = True  # a path failing while timed is dropped, not patched by a fallback
+        try:
+            out = self._timer.run(V, self._run)
+        finally:
+            self._strict = False
+        self._calibrated(int(V.shape[1]))
+        return out
 
     # ------------------------------------------------------------------ shared helpers
     def _split(self, V: torch.Tensor) -> dict[str, torch.Tensor]:
