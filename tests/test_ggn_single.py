@@ -88,4 +88,4 @@ def test_auto_cache_keeps_the_graph_only_when_it_costs_at_most_a_parameter_vecto
     cfg = op.config()
     assert cfg["graph_saved_bytes"] == batch * 6 * 8
     assert cfg["graph_cached"] is kept
-    assert (op._linearised[0].graph is not None) is kept
+    assert (op._kept[0].graph is not None) is kept

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -61,18 +62,39 @@ def _short_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
 
 
+@dataclass
+class JVPRecord:
+    """The one record of an output-space operator's ``J V`` path and what its products found out.
+
+    ``path``: the path products run on without calibration (``jvp=``; ``"forward"`` for
+    ``"auto"``; ``"double_vjp"`` once forward mode failed everywhere); ``used``: what the last
+    product ran as; ``checked``: per path, what it resolved to on its first product (forward mode
+    may fall back to the double vjp); ``vmap``: ``None`` until a batched backward ran, ``False``
+    once vmap failed (columns one by one from then on); the forward graph's saved bytes and whether
+    it is kept; the kind of output-space matrix; ``pe_vmap``: the per-example gradients' vmap."""
+
+    path: str
+    used: str | None = None
+    checked: dict[str, str] = field(default_factory=dict)
+    fallback_reason: str | None = None
+    vmap: bool | None = None
+    vmap_error: str | None = None
+    graph_saved_bytes: int | None = None
+    graph_cached: bool | None = None
+    output_matrix: str | None = None
+    pe_vmap: bool = True
+    pe_vmap_error: str | None = None
+
+
 # --------------------------------------------------------------------------------------------
-def _vmap_or_loop(
-    fn: Callable, tangents: dict[str, torch.Tensor], k: int, chunk_size: int | None, state: dict
-):
+def _vmap_or_loop(fn: Callable, tangents: dict[str, torch.Tensor], k: int, chunk_size: int | None, rec):
     """``vmap(fn)(tangents)``; if vmap is unsupported by some op, loop over the ``k`` columns once and
-    remember it in ``state["vmap"]``."""
-    if state.get("vmap", True):
+    remember it in ``rec.vmap``."""
+    if rec.vmap is not False:
         try:
             return vmap(fn, chunk_size=chunk_size)(tangents)
         except Exception as err:  # noqa: BLE001 - fall back to a plain loop
-            state["vmap"] = False
-            state["vmap_error"] = _short_error(err)
+            rec.vmap, rec.vmap_error = False, _short_error(err)
     cols = [fn({n: t[j] for n, t in tangents.items()}) for j in range(k)]
     if isinstance(cols[0], tuple):
         return tuple(torch.stack([c[i] for c in cols]) for i in range(len(cols[0])))
@@ -109,32 +131,29 @@ class _Graph:
 
     def vjp_block(self, op: OutputSpaceOperator, U: torch.Tensor, retain: bool) -> torch.Tensor:
         """``[k, p]``: ``J^T u`` for the ``k`` rows of ``U``, ``chunk_size`` at a time (batched)."""
-        k = U.shape[0]
+        k, rec = U.shape[0], op.record
         step = op.chunk_size or k
         parts = []
         for s in range(0, k, step):
-            last = s + step >= k
-            keep = retain or not last
-            if op._state.get("vmap", True):
+            keep = retain or s + step < k
+            if rec.vmap is not False:
                 try:  # a failing batched backward must not have freed the graph: keep it the 1st time
                     gs = torch.autograd.grad(
                         self.out,
                         self.leaves,
                         U[s : s + step],
-                        retain_graph=keep or "vmap" not in op._state,
+                        retain_graph=keep or rec.vmap is None,
                         allow_unused=True,
                         is_grads_batched=True,
                     )
-                    op._state["vmap"] = True
+                    rec.vmap = True
                     parts.append(op._flat(gs, min(step, k - s)))
                     continue
                 except Exception as err:  # noqa: BLE001 - an op without a batching rule: columns
-                    op._state["vmap"] = False
-                    op._state["vmap_error"] = _short_error(err)
+                    rec.vmap, rec.vmap_error = False, _short_error(err)
             rows = U[s : s + step]
             for j, u in enumerate(rows):
-                gs = self.vjp(u, keep or j < rows.shape[0] - 1)
-                parts.append(op._flat(gs, 1))
+                parts.append(op._flat(self.vjp(u, keep or j < rows.shape[0] - 1), 1))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def jv_double(self, ts: list[torch.Tensor]) -> torch.Tensor:
@@ -152,19 +171,20 @@ class _Graph:
 
 
 class _Linearised:
-    """One batch: its output-space factors (kept), its forward graph (kept or rebuilt, see module)."""
+    """One batch: its output-space factors (kept), its forward graph (kept or rebuilt, see module),
+    its traced linearisation (path ``"linearize"``) and, for the per-example Fisher, its gradients."""
 
-    def __init__(self, op: OutputSpaceOperator, k: int, x: Any, y: torch.Tensor, w: float) -> None:
+    def __init__(self, op: OutputSpaceOperator, k: int, x: Any, y: torch.Tensor, w: float, bufs) -> None:
         obj = op.objective
-        self.k, self.x, self.y = k, x, y
-        self.bufs = obj.buffers()
-        self.f = lambda sel: obj.call(op._full(sel), self.bufs, x)
+        self.k, self.x, self.y, self.bufs = k, x, y, bufs
+        self.f = lambda sel: obj.call(op._full(sel), bufs, x)
         self.w = op._batch_weight(w)
         self.h_apply: Callable | None = None
         self.kind: str | None = None
         self.graph: _Graph | None = None
         self.jvp_lin = None
         self.lin_failed = False
+        self.grads: torch.Tensor | None = None  # per-example gradients (Fisher, kept when they fit)
 
     def _linearise(self, op: OutputSpaceOperator) -> None:
         """Trace ``torch.func.linearize`` once (path ``"linearize"``); a failure falls back to plain
@@ -177,7 +197,8 @@ class _Linearised:
             if op._strict:
                 raise
             self.lin_failed = True
-            op._state.setdefault("jvp_fallback_reason", _short_error(err))
+            if op.record.fallback_reason is None:
+                op.record.fallback_reason = _short_error(err)
             return
         self._factors(op, out.detach())
 
@@ -189,58 +210,57 @@ class _Linearised:
         """The kept graph, or a new one (kept when ``op`` caches this batch's graph)."""
         if self.graph is not None:
             return self.graph
-        auto = op.cache == "auto" and op._keeps_batches
-        g = _Graph(op, self.f, self.x, self.bufs, measure=auto and "graph_saved_bytes" not in op._state)
+        rec, auto = op.record, op.cache == "auto" and op._keep_batches
+        g = _Graph(op, self.f, self.x, self.bufs, measure=auto and rec.graph_saved_bytes is None)
         if g.saved_bytes is not None:
-            op._state["graph_saved_bytes"] = g.saved_bytes
-            op._state["graph_cached"] = g.saved_bytes <= op.num_params_bytes
-        if op.cache is True or (auto and op._state.get("graph_cached")):
+            rec.graph_saved_bytes = g.saved_bytes
+            rec.graph_cached = g.saved_bytes <= op.num_params_bytes
+        if op.cache is True or (auto and rec.graph_cached):
             self.graph = g
         self._factors(op, g.out.detach())
         return g
 
     # ------------------------------------------------------------------ J V
-    def _forward(self, op: OutputSpaceOperator, t: dict[str, torch.Tensor]):
+    def _forward(self, op: OutputSpaceOperator, path: str, t: dict[str, torch.Tensor]):
         """``(out, J t)`` by forward mode (``out`` None with a traced linearisation)."""
-        if self.jvp_lin is not None and op._path == "linearize":
+        if self.jvp_lin is not None and path == "linearize":
             return None, self.jvp_lin(t)
         return jvp(self.f, (op._theta,), (t,))
 
-    def _detect(self, op: OutputSpaceOperator, t: dict[str, torch.Tensor]):
+    def _detect(self, op: OutputSpaceOperator, path: str, t: dict[str, torch.Tensor]):
         """First product on a path: does forward mode work here at all?  ``(out, J t)`` or None
-        (``op._checked[path]``: what the path resolves to)."""
-        path = op._path
+        (``record.checked[path]``: what the path resolves to)."""
+        rec = op.record
         if path == "double_vjp":
-            op._checked[path] = "double_vjp"
+            rec.checked[path] = "double_vjp"
             return None
         try:
-            res = self._forward(op, t)
+            res = self._forward(op, path, t)
         except Exception as err:  # noqa: BLE001 - forward-mode AD unsupported: reverse only
             if op._strict:  # timing the paths: this one is dropped (PathTimer)
                 raise
-            op._checked[path] = "double_vjp"
-            op._state["jvp_fallback_reason"] = _short_error(err)
+            rec.checked[path], rec.fallback_reason = "double_vjp", _short_error(err)
             return None
-        op._checked[path] = "linearize" if path == "linearize" and self.jvp_lin is not None else "forward"
+        rec.checked[path] = "linearize" if path == "linearize" and self.jvp_lin is not None else "forward"
         return res
 
-    def _jv(self, op: OutputSpaceOperator, tangents: dict[str, torch.Tensor], k: int):
+    def _jv(self, op: OutputSpaceOperator, path: str, tangents: dict[str, torch.Tensor], k: int):
         """``(J V as [k, *out.shape], graph or None)``: forward mode, or the double vjp on a graph."""
-        if op._path == "linearize":
+        if path == "linearize":
             self._linearise(op)
-        first = None
-        used = op._checked.get(op._path)
+        rec, first = op.record, None
+        t0 = {n: t[0] for n, t in tangents.items()}
+        used = rec.checked.get(path)
         if used is None:
-            first = self._detect(op, {n: t[0] for n, t in tangents.items()})
-            used = op._checked[op._path]
-        op._state["jvp_used"] = used
+            first = self._detect(op, path, t0)
+            used = rec.checked[path]
+        rec.used = used
         if used == "double_vjp":
             g = self._graph(op)
             names = op.objective.param_names
-            cols = [g.jv_double([tangents[n][j] for n in names]) for j in range(k)]
-            return torch.stack(cols), g
+            return torch.stack([g.jv_double([tangents[n][j] for n in names]) for j in range(k)]), g
         if first is None and k == 1:
-            first = self._forward(op, {n: t[0] for n, t in tangents.items()})
+            first = self._forward(op, path, t0)
         if first is not None:
             out, jv = first
             if out is not None:
@@ -248,27 +268,29 @@ class _Linearised:
             if k == 1:
                 return jv.unsqueeze(0), None
             rest = {n: t[1:] for n, t in tangents.items()}
-            jvs = _vmap_or_loop(lambda t: self._forward(op, t)[1], rest, k - 1, op.chunk_size, op._state)
+            jvs = _vmap_or_loop(lambda t: self._forward(op, path, t)[1], rest, k - 1, op.chunk_size, rec)
             return torch.cat([jv.unsqueeze(0), jvs]), None
         if self.h_apply is None:
-            out, jv = _vmap_or_loop(lambda t: self._forward(op, t), tangents, k, op.chunk_size, op._state)
+            out, jv = _vmap_or_loop(lambda t: self._forward(op, path, t), tangents, k, op.chunk_size, rec)
             self._factors(op, out[0].detach())
             return jv, None
-        return _vmap_or_loop(lambda t: self._forward(op, t)[1], tangents, k, op.chunk_size, op._state), None
+        return _vmap_or_loop(lambda t: self._forward(op, path, t)[1], tangents, k, op.chunk_size, rec), None
 
     # ------------------------------------------------------------------ J^T M J V
-    def product(self, op: OutputSpaceOperator, tangents: dict[str, torch.Tensor], k: int):
-        """``J^T (w M) J V``: per-parameter results (tuple, ``k = 1``) or a ``[k, p]`` block."""
-        jv, g = self._jv(op, tangents, k)
+    def product(self, op: OutputSpaceOperator, path: str, V: torch.Tensor) -> torch.Tensor:
+        """``[p, k]``: ``J^T (w M) J V`` with ``J V`` on ``path``."""
+        k = V.shape[1]
+        jv, g = self._jv(op, path, op._split(V), k)
         u = self.h_apply(jv)
         if self.w != 1.0:
             u = u * self.w
         del jv
         g = g if g is not None else self._graph(op)
         keep = g is self.graph
-        if k == 1:
-            return g.vjp(u[0], retain=keep)
-        return g.vjp_block(op, u, retain=keep)
+        op.record.output_matrix = self.kind
+        if k == 1:  # one vector: one backward, the per-parameter results in one flat column
+            return op._flat(g.vjp(u[0], retain=keep), 1).T
+        return g.vjp_block(op, u, retain=keep).T
 
 
 class OutputSpaceOperator(CurvatureOperator):
@@ -293,6 +315,7 @@ class OutputSpaceOperator(CurvatureOperator):
         timer: the clock of the calibration (``time.perf_counter``; tests pass a scripted one).
     """
 
+    PRODUCTS = {"forward": "_forward", "linearize": "_linearize", "double_vjp": "_double_vjp"}
     _passthrough: tuple[type[BaseException], ...] = ()  # a model's error, not a path's (PathTimer)
 
     def __init__(
@@ -324,21 +347,18 @@ class OutputSpaceOperator(CurvatureOperator):
         # calibrate=True), else forward mode -- on a CPU the measured default, with no timing at all
         timed = jvp == "auto" and (calibrate is True or (calibrate == "auto" and self.device.type != "cpu"))
         self.calibrate = timed
-        self._paths: PathTimer | None = None
         if timed:
             clock = time.perf_counter if timer is None else timer
-            self._paths = PathTimer(JVP_CANDIDATES, self.device, clock, passthrough=self._passthrough)
-        self._path = "forward" if jvp == "auto" else jvp  # the path products run on now
-        self._checked: dict[str, str] = {}  # path -> what it ran as (forward mode may fall back)
-        self._strict = False  # while the paths are timed a failing path raises (and is dropped)
+            self._timer = PathTimer(JVP_CANDIDATES, self.device, clock, passthrough=self._passthrough)
         self.cache = cache
         # the per-batch factors are kept for one batch (or every batch with cache=True)
-        self._keeps_batches = cache is True or (cache == "auto" and len(objective.batch_sizes) == 1)
+        self._keep_batches = cache is True or (cache == "auto" and len(objective.batch_sizes) == 1)
         self.num_params_bytes = objective.num_params * torch.empty((), dtype=self.dtype).element_size()
         # stochastic="fixed": every forward re-seeds, but a random op under vmap may draw its mask
         # differently from the plain forward (on CUDA), so the columns go one by one
-        self._state: dict[str, Any] = {"vmap": False} if objective.fixed_rng else {}
-        self._linearised: list[_Linearised] | None = None
+        self.record = JVPRecord(path="forward" if jvp == "auto" else jvp)
+        if objective.fixed_rng:
+            self.record.vmap = False
 
     # ------------------------------------------------------------------ to implement
     def _output_matrix(
@@ -352,110 +372,78 @@ class OutputSpaceOperator(CurvatureOperator):
         """The factor of ``J_b^T M_b J_b`` given the objective's batch weight ``w``."""
         return w
 
-    # ------------------------------------------------------------------ products
-    def _batches(self):
-        if self._keeps_batches:
-            if self._linearised is None:
-                self._linearised = [
-                    _Linearised(self, k, x, y, w) for k, (x, y, w) in enumerate(self.objective.batches())
-                ]
-            yield from self._linearised
-        else:
-            for k, (x, y, w) in enumerate(self.objective.batches()):
-                yield _Linearised(self, k, x, y, w)
+    # ------------------------------------------------------------------ the choice of the product
+    def _choose(self, k: int) -> str | None:
+        """The ``J V`` path of a block of ``k`` columns: ``jvp=`` (``"auto"``: forward mode), the
+        calibrated one of its width class (None: not timed yet), the double vjp once forward mode
+        failed everywhere."""
+        if self._timer is None or self.record.path == "double_vjp":
+            return self.record.path
+        return self._timer.choice.get(width_class(k))
+
+    def _calibrate(self, V: torch.Tensor) -> torch.Tensor:
+        try:
+            return super()._calibrate(V)
+        except RuntimeError:
+            if set(self._timer.failed) != set(self._timer.paths):
+                raise
+        # forward mode fails on this model: reverse mode only from now on (as jvp="forward" does)
+        rec = self.record
+        rec.path = rec.checked["double_vjp"] = "double_vjp"
+        rec.fallback_reason = "; ".join(f"{p}: {r}" for p, r in self._timer.failed.items())
+        return self._run("double_vjp", V)
+
+    def _calibrated(self, k: int) -> None:
+        choice = self._timer.choice
+        self.record.used = choice[width_class(k)]
+        if self._kept is not None and "linearize" not in choice.values():
+            for lin in self._kept:  # not chosen: its traces' memory is freed
+                lin.jvp_lin, lin.lin_failed = None, False
+
+    # ------------------------------------------------------------------ the per-batch products
+    def _new_batch(self, index, x, y, w, bufs) -> _Linearised:
+        return _Linearised(self, index, x, y, w, bufs)
+
+    def _forward(self, lin: _Linearised, V: torch.Tensor) -> torch.Tensor:
+        return lin.product(self, "forward", V)
+
+    def _linearize(self, lin: _Linearised, V: torch.Tensor) -> torch.Tensor:
+        return lin.product(self, "linearize", V)
+
+    def _double_vjp(self, lin: _Linearised, V: torch.Tensor) -> torch.Tensor:
+        return lin.product(self, "double_vjp", V)
 
     def _flat(self, gs: tuple, k: int) -> torch.Tensor:
         """Per-parameter results (``[k, *shape]`` each, or ``[*shape]`` for ``k = 1``; None: zeros)
         -> ``[k, p]``."""
-        obj = self.objective
         return torch.cat(
             [
                 g.reshape(k, -1) if g is not None else torch.zeros(k, n, dtype=self.dtype, device=self.device)
-                for g, n in zip(gs, obj.param_numels)
+                for g, n in zip(gs, self.objective.param_numels)
             ],
             dim=1,
         )
 
-    def _add_into(self, total: torch.Tensor | None, gs: tuple) -> torch.Tensor:
-        """Write (first batch) or add in place per-parameter results into one flat vector."""
-        obj = self.objective
-        first = total is None
-        if first:
-            total = torch.empty(obj.num_params, dtype=self.dtype, device=self.device)
-        off = 0
-        for g, numel in zip(gs, obj.param_numels):
-            seg = total[off : off + numel]
-            if g is None:
-                if first:
-                    seg.zero_()
-            elif first:
-                seg.copy_(g.reshape(-1))
-            else:
-                seg.add_(g.reshape(-1))
-            off += numel
-        return total
-
-    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
-        timer = self._paths
-        if timer is None or self._path == "double_vjp":
-            return self._product(V)
-        cls = width_class(int(V.shape[1]))
-        self._strict = cls not in timer.choice  # a path failing while timed is dropped, not patched
-        try:
-            out = timer.run(V, self._run_path)
-        except RuntimeError:
-            if set(timer.failed) != set(timer.paths):
-                raise
-            # forward mode fails on this model: reverse mode only from now on (as jvp="forward" does)
-            self._strict = False
-            self._path = self._checked["double_vjp"] = "double_vjp"
-            self._state["jvp_fallback_reason"] = "; ".join(f"{p}: {r}" for p, r in timer.failed.items())
-            return self._product(V)
-        finally:
-            self._strict = False
-        self._path = self._state["jvp_used"] = timer.choice[cls]
-        if self._linearised is not None and "linearize" not in timer.choice.values():
-            for lin in self._linearised:  # not chosen: its traces' memory is freed
-                lin.jvp_lin, lin.lin_failed = None, False
-        return out
-
-    def _run_path(self, path: str, V: torch.Tensor) -> torch.Tensor:
-        self._path = path
-        return self._product(V)
-
-    def _product(self, V: torch.Tensor) -> torch.Tensor:
-        k = V.shape[1]
-        tangents = self._split(V)
-        total = None
-        for lin in self._batches():
-            res = lin.product(self, tangents, k)
-            if k == 1:  # one vector: results written straight into the flat output
-                total = self._add_into(total, res)
-            else:
-                total = res if total is None else total.add_(res)
-            self._state["output_matrix"] = lin.kind
-            del lin, res  # uncached: free this batch's graph before the next one is built
-        return total.unsqueeze(1) if k == 1 else total.T
-
     def _path_key(self, k: int) -> str:
-        st, cls = self._state, width_class(k)
-        path = st.get("jvp_used", self._path)
-        if self._paths is not None and self._path != "double_vjp":  # timed: the choice of the class
-            path = self._paths.choice.get(cls, "uncalibrated")
-        return f"{path}/vmap={st.get('vmap', True)}/{cls}"
+        rec, cls = self.record, width_class(k)
+        path = rec.used or rec.path
+        if self._timer is not None and rec.path != "double_vjp":  # timed: the choice of the class
+            path = self._timer.choice.get(cls, "uncalibrated")
+        return f"{path}/vmap={rec.vmap is not False}/{cls}"
 
     def _extra_config(self) -> dict[str, Any]:
+        rec = self.record
         return {
             "chunk_size": self.chunk_size,
             "cache": self.cache,
-            "graph_cached": self._state.get("graph_cached", self.cache is True),
-            "graph_saved_bytes": self._state.get("graph_saved_bytes"),
+            "graph_cached": rec.graph_cached if rec.graph_cached is not None else self.cache is True,
+            "graph_saved_bytes": rec.graph_saved_bytes,
             "jvp": self.jvp,
-            "jvp_used": self._state.get("jvp_used", self._path),
-            "jvp_fallback_reason": self._state.get("jvp_fallback_reason"),
+            "jvp_used": rec.used or rec.path,
+            "jvp_fallback_reason": rec.fallback_reason,
             "calibrate": self.calibrate,
-            "vmap": self._state.get("vmap", True),
-            **({} if self._paths is None else self._paths.config()),
+            "vmap": rec.vmap is not False,
+            **({} if self._timer is None else self._timer.config()),
         }
 
 
@@ -473,7 +461,7 @@ class GGNOperator(OutputSpaceOperator):
         return output_hessian(self.objective.loss_fn, out, y)
 
     def _extra_config(self) -> dict[str, Any]:
-        return {**super()._extra_config(), "output_hessian": self._state.get("output_matrix")}
+        return {**super()._extra_config(), "output_hessian": self.record.output_matrix}
 
 
 def ggn(
