@@ -16,7 +16,7 @@ import landscape as ls
 from landscape.curvature.ggn import GGNOperator
 from tests.references import dense_ggn, make_classification_data, make_mlp, scripted_clock
 
-ggn_mod = importlib.import_module("landscape.curvature.ggn")  # the module (``curvature.ggn`` is the function)
+ggn_mod = importlib.import_module("landscape.curvature.output_space")  # the GGN's J V paths
 
 
 def _problem(batches=(20,)):

@@ -22,7 +22,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["PathTimer", "width_class"]
+__all__ = ["PathTimer", "short_error", "width_class"]
+
+
+def short_error(err: BaseException) -> str:
+    """Why a path failed, in one line: the exception's type and the start of its first line."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
 
 
 def width_class(k: int) -> str:
@@ -83,9 +88,7 @@ class PathTimer:
             except self.passthrough:
                 raise
             except Exception as err:  # noqa: BLE001 - a path this model cannot run: not a candidate
-                self.failed[path] = (
-                    f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
-                )
+                self.failed[path] = short_error(err)
             self.calibration_products += 2 * int(V.shape[1])
         if not seconds:
             raise RuntimeError(f"no product path ran on this model: {self.failed}")

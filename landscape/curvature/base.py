@@ -31,6 +31,7 @@ another device are moved to ``op.device``.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -158,12 +159,10 @@ class CurvatureOperator:
     """Base class: a symmetric ``p x p`` curvature matrix at a fixed point, applied matrix-free.
 
     The base owns everything around a product: :meth:`matmat` validates the block (shape, dtype,
-    finite), restores the model's train/eval flags (products only ever see private copies of
-    parameters and buffers, so the model itself cannot change), runs the product kernels
-    (:func:`product_kernels`), splits the columns within ``max_memory`` (a budget of the measured
-    peak: bytes, ``"2GiB"``, a fraction of the free memory; ``None``: no limit, no measurement; see
-    :mod:`landscape.curvature.memory`), sums over data-parallel ranks, checks the result and counts
-    products.  :meth:`_matmat` is the one loop over batches: ``A V = sum_b A_b V``.
+    finite), restores the model's train/eval flags (products only see private copies of parameters
+    and buffers), runs the product kernels (:func:`product_kernels`), splits the columns within
+    ``max_memory`` (:mod:`landscape.curvature.memory`; ``None``: no limit, nothing measured), sums
+    over ranks, checks the result and counts products; :meth:`_run` is the one loop over batches.
 
     A subclass supplies its per-batch products, ``product(batch, V) -> [p, k]`` with ``batch`` a
     :meth:`_new_batch` state (the batch and what the operator keeps of it), named in ``PRODUCTS``
@@ -213,6 +212,21 @@ class CurvatureOperator:
 
     def _extra_config(self) -> dict[str, Any]:
         return {}
+
+    def _calibration(self, calibrate, name: str, mode: str, what: str, paths, timer, passthrough=()) -> None:
+        """``calibrate=``: with ``name="auto"`` the ``paths`` are timed (``PathTimer``, clock ``timer``)
+        if ``True``, or if ``"auto"`` on any device but the CPU (which runs its measured default)."""
+        if calibrate not in (True, False, "auto"):
+            raise ValueError(f"calibrate must be True, False or 'auto', got {calibrate!r}")
+        if calibrate is True and mode != "auto":
+            raise ValueError(
+                f"calibrate=True times {what} against each other: use {name}='auto', not {mode!r}"
+            )
+        self.calibrate = mode == "auto" and (
+            calibrate is True or (calibrate == "auto" and self.device.type != "cpu")
+        )
+        if self.calibrate:
+            self._timer = PathTimer(paths, self.device, timer or time.perf_counter, passthrough=passthrough)
 
     def _path_key(self, k: int) -> str:
         """The product path a block of ``k`` columns runs on: memory fits are kept per path."""

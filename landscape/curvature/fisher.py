@@ -12,7 +12,7 @@ loss's own likelihood, with ``c = 1/(N m)``; see :class:`FisherOperator`).  By t
 (Kunstner et al. 2019, Sec. 3; Martens 2020, Sec. 9.2), i.e. a generalised Gauss-Newton product
 with the output-space matrix ``Lambda`` in place of the output Hessian.  ``method="output_space"``
 (default) computes it with one ``jvp`` and one backward pass of the batch forward per product
-(:class:`~landscape.curvature.ggn.OutputSpaceOperator`), keeping only the ``r_ns`` (output-sized)
+(:class:`~landscape.curvature.output_space.OutputSpaceOperator`), keeping only the ``r_ns`` (output-sized)
 and the forward graph where it is cheap (``cache``) -- the memory of a GGN product.
 ``method="per_example"`` instead forms the ``[B, p]`` per-example gradients with ``vmap`` and keeps
 them between products while they fit in ``cache_bytes``: far more memory, but a cached product is
@@ -32,7 +32,7 @@ import torch
 from torch.func import grad as func_grad
 from torch.func import vmap
 
-from landscape.curvature.ggn import OutputSpaceOperator, _short_error
+from landscape.curvature.autotune import short_error
 from landscape.curvature.likelihoods import (
     check_likelihood,
     fisher_term_scale,
@@ -43,6 +43,7 @@ from landscape.curvature.likelihoods import (
     terms_per_example,
 )
 from landscape.curvature.output_moments import outer_apply, output_gradients, term_kind, term_outer_apply
+from landscape.curvature.output_space import OutputSpaceOperator
 from landscape.inputs import _map_inputs
 from landscape.objective import Objective
 
@@ -86,7 +87,7 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         cache: output space: keep each batch's forward graph between products (``"auto"``: for a
             single-batch objective).
         jvp: output space: ``"auto"`` (default), ``"forward"``, ``"linearize"`` or ``"double_vjp"``
-            (as for the GGN, :class:`~landscape.curvature.ggn.OutputSpaceOperator`).
+            (as for the GGN, :class:`~landscape.curvature.output_space.OutputSpaceOperator`).
         cache_bytes: per example: keep the per-example gradients while they fit in this many bytes.
         per: ``"example"`` or ``"loss_term"`` (above; ``"loss_term"`` needs the output-space method).
         max_memory: split blocks into chunks of columns whose measured peak stays within this budget
@@ -210,7 +211,7 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
                 g = vmap(func_grad(li), in_dims=(None, 0, 0), chunk_size=self.chunk_size)(self._theta, x, y)
                 return self._join(g, B)
             except Exception as err:  # noqa: BLE001 - unsupported by vmap: loop over examples
-                rec.pe_vmap, rec.pe_vmap_error = False, _short_error(err)
+                rec.pe_vmap, rec.vmap_error = False, short_error(err)
         rows = []
         for i in range(B):
             xi = _map_inputs(x, lambda t, i=i: t[i])

@@ -30,29 +30,14 @@ When forward-mode AD or ``vmap`` is not supported by the model/loss (e.g. ``jvp`
 detected once and the engine falls back to double backward; ``engine_used`` and
 ``fallback_reason`` record what ran.
 
-**Split graphs.** A cached graph holds the forward activations and the first backward's tensors
-``S`` between products, and the second backward adds the adjoints of every forward activation at
-once (about ``0.6 S`` on ResNet-20): the peak is ``1.6 S``.  When the loss is a sum over examples
-that do not interact, ``H = sum_c H_c`` over sub-batches ``c`` with weights ``w |c| / |B|`` (mean
-reduction) and the graph can be kept as ``k`` sub-graphs: the same saved tensors, but a product's
-adjoints live for one sub-graph at a time (peak ``S (1 + 0.6 / k)``), at the same arithmetic.
-``graph_chunks="auto"`` splits on CPU into sub-batches of at least ``GRAPH_CHUNK = 16`` examples
-(at most ``MAX_GRAPH_CHUNKS = 4``) when the first sub-graph's saved tensors (the weights among them)
-are at least three times the parameters' bytes (otherwise the ``k`` held gradients would cost more
-than the adjoints saved; the 1.9M-parameter MLP keeps one graph), and only after checking that the
-example losses add up: the weighted sub-batch losses must equal the batch loss to
-``8 sqrt(n) eps``; a model or loss that couples examples (train-mode BatchNorm, a class-weighted
-mean, a contrastive loss) keeps one graph and ``graph_chunks_reason`` says why.  A random forward
-(even ``stochastic="fixed"``: its masks depend on the batch shape) is never split.  ResNet-20, 128
-CIFAR-shaped images, CPU: peak memory of a product 609 -> 472 MB at 4 sub-graphs, and 0.85x the
-time of one graph (smaller working sets); WRN-16-4 on 32 images: 446 -> 405 MB at 2.
+**Split graphs** (``graph_chunks``, :mod:`landscape.curvature.graph_split`): the cached graph of a
+single batch kept as sub-graphs over its examples, for a lower peak at the same arithmetic.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import time
 import warnings
 from typing import Any
 
@@ -61,15 +46,13 @@ import torch.autograd.forward_ad as fwAD
 from torch.func import grad as func_grad
 from torch.func import jvp, vmap
 
-from landscape.curvature.autotune import PathTimer
+from landscape.curvature.autotune import short_error
 from landscape.curvature.base import CurvatureOperator, saved_tensor_bytes
-from landscape.inputs import _map_inputs
+from landscape.curvature.graph_split import split_graph
 from landscape.objective import Objective
 
 ENGINES = ("auto", "forward_over_reverse", "double_backward", "finite_difference")
 AUTO_BLOCK = 8  # on GPUs, "auto" runs forward-over-reverse from this many vectors per block
-GRAPH_CHUNK = 16  # "auto" graph splitting: examples per sub-graph, at least
-MAX_GRAPH_CHUNKS = 4
 FOR, DB = "forward_over_reverse", "double_backward"
 
 
@@ -125,12 +108,7 @@ class HessianOperator(CurvatureOperator):
         super().__init__(objective, params, max_memory=max_memory)
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-        if calibrate not in (True, False, "auto"):
-            raise ValueError(f"calibrate must be True, False or 'auto', got {calibrate!r}")
-        if calibrate is True and engine != "auto":
-            raise ValueError(
-                f"calibrate=True times the engines against each other: use engine='auto', not {engine!r}"
-            )
+        self._calibration(calibrate, "engine", engine, "the engines", (DB, FOR), timer)
         if graph_chunks != "auto" and (
             isinstance(graph_chunks, bool) or not isinstance(graph_chunks, int) or graph_chunks < 1
         ):
@@ -148,13 +126,7 @@ class HessianOperator(CurvatureOperator):
         self._offsets = [0]
         for numel in objective.param_numels:
             self._offsets.append(self._offsets[-1] + numel)
-        on_cpu = self.device.type == "cpu"
-        self.engine_used = engine if engine != "auto" else (DB if on_cpu else FOR)
-        # engine="auto" on an accelerator (or calibrate=True): the engines timed on the first block
-        # of each width (curvature.autotune); on a CPU the measured default without calibration
-        self.calibrate = engine == "auto" and (calibrate is True or (calibrate == "auto" and not on_cpu))
-        if self.calibrate:
-            self._timer = PathTimer((DB, FOR), self.device, time.perf_counter if timer is None else timer)
+        self.engine_used = engine if engine != "auto" else (DB if self.device.type == "cpu" else FOR)
 
     # ------------------------------------------------------------------ the choice of the product
     def _choose(self, k: int) -> str | None:
@@ -183,7 +155,7 @@ class HessianOperator(CurvatureOperator):
                     f"({type(err).__name__}: {err}); use engine='double_backward' or 'auto'"
                 ) from err
             self.engine_used = DB
-            self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            self.fallback_reason = short_error(err)
         return super()._run(DB, V)
 
     def _calibrated(self, k: int) -> None:
@@ -255,7 +227,8 @@ class HessianOperator(CurvatureOperator):
             if not self.cache_graph:
                 graphs = [self._build_graph(b.x, b.y, b.w, b.bufs)]
             elif len(self.objective.batch_sizes) == 1:
-                graphs = b.graphs = self._split_graphs(b)
+                graphs, self.graph_chunks_used, self.graph_chunks_reason = split_graph(self, b)
+                b.graphs = graphs
             else:
                 graphs = b.graphs = [self._build_graph(b.x, b.y, b.w, b.bufs)]
         free, k = not self.cache_graph, V.shape[1]
@@ -311,97 +284,6 @@ class HessianOperator(CurvatureOperator):
                 for i, h in enumerate(parts)
             ]
         )
-
-    # ------------------------------------------------------------------ split graphs
-    def _split_graphs(self, b: _Batch) -> list:
-        """The cached graph of the objective's one batch, as ``graph_chunks_used`` sub-graphs."""
-        x, y, w, bufs = b.x, b.y, b.w, b.bufs
-        k, why = self._chunks_wanted(int(y.shape[0]))
-        self.graph_chunks_reason = why
-        if k == 1:
-            return [self._build_graph(x, y, w, bufs)]
-        parts = self._sub_batches(x, y, w, k)
-        records: list[dict] = [{} for _ in parts]
-        param_bytes = sum(t.numel() * t.element_size() for t in self._theta.values())
-        graphs: list = []
-        fallback: str | None = None
-        try:
-            for part, rec in zip(parts, records):
-                graphs.append(self._build_graph(*part, bufs, record=rec))
-                if self.graph_chunks == "auto" and rec is records[0] and rec["saved_bytes"] < 3 * param_bytes:
-                    fallback = (
-                        f"activations small against the parameters ({rec['saved_bytes'] / 2**20:.1f} MB "
-                        f"saved per sub-graph, {param_bytes / 2**20:.1f} MB of parameters): one graph"
-                    )
-                    break
-        except Exception as err:  # noqa: BLE001 - e.g. an input that is not batch-first
-            if self.graph_chunks != "auto":
-                raise
-            fallback = f"a sub-batch failed ({type(err).__name__}: {str(err)[:120]}): one graph"
-        if fallback is None:
-            fallback = self._losses_disagree(b, k, [r["loss"] for r in records])
-        if fallback is not None:
-            graphs.clear()  # free the sub-graphs before the whole batch's graph is built
-            self.graph_chunks_reason = fallback
-            return [self._build_graph(x, y, w, bufs)]
-        self.graph_chunks_used = k
-        return graphs
-
-    def _losses_disagree(self, b: _Batch, k: int, losses: list[float]) -> str | None:
-        """Why the weighted sub-batch ``losses`` do not add up to the batch loss (``None``: they do, to
-        ``8 sqrt(n) eps``); an explicit ``graph_chunks`` raises instead."""
-        with torch.no_grad():
-            full = float(self._batch_loss(b)(self._theta))
-        total = sum(losses)
-        scale = max(abs(full), sum(abs(v) for v in losses))
-        eps = torch.finfo(self.dtype).eps
-        if abs(total - full) <= 8.0 * math.sqrt(int(b.y.shape[0])) * eps * scale:
-            return None
-        msg = (
-            f"the {k} sub-batch losses add up to {total:.9g}, the batch loss is {full:.9g}: the model or "
-            "loss couples the examples of a batch (e.g. a class-weighted mean, a loss over pairs)"
-        )
-        if self.graph_chunks != "auto":
-            raise ValueError(f"graph_chunks={self.graph_chunks}: {msg}; use graph_chunks=1")
-        return msg + ": one graph"
-
-    def _chunks_wanted(self, n: int) -> tuple[int, str | None]:
-        """Number of sub-graphs to try for a batch of ``n`` examples, and why not more."""
-        obj = self.objective
-        if self.graph_chunks != "auto":
-            k = min(int(self.graph_chunks), n)
-        elif self.device.type != "cpu":
-            return 1, "graph_chunks='auto' splits graphs on CPU only"
-        else:
-            k = min(MAX_GRAPH_CHUNKS, n // GRAPH_CHUNK)
-            if k < 2:
-                return 1, f"a batch of {n} examples (splitting needs {2 * GRAPH_CHUNK})"
-        if k < 2:
-            return 1, None
-        coupled = None
-        if obj.random_forward:
-            coupled = "the forward draws random numbers (its masks depend on the batch shape)"
-        elif obj.batch_coupled:
-            coupled = f"BatchNorm layer(s) {obj.batch_coupled} use batch statistics (mode='train')"
-        elif torch.finfo(self.dtype).bits < 32:
-            coupled = f"{self.dtype} is too coarse to check that the example losses add up"
-        if coupled is None:
-            return k, None
-        if self.graph_chunks != "auto":
-            raise ValueError(f"graph_chunks={self.graph_chunks}: {coupled}; use graph_chunks=1")
-        return 1, coupled + ": one graph"
-
-    def _sub_batches(self, x, y, w: float, k: int) -> list[tuple]:
-        """``k`` contiguous sub-batches with weights ``w |c| / n`` (mean reduction) or ``w`` (sum)."""
-        n = int(y.shape[0])
-        sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
-        out, start = [], 0
-        for size in sizes:
-            sl = slice(start, start + size)
-            wc = w * size / n if self.objective.reduction == "mean" else w
-            out.append((_map_inputs(x, lambda t, sl=sl: t[sl]), y[sl], wc))
-            start += size
-        return out
 
     # ------------------------------------------------------------------ finite differences
     def _finite_difference(self, b: _Batch, V: torch.Tensor) -> torch.Tensor:
