@@ -54,16 +54,6 @@ def _all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
-@contextlib.contextmanager
-def _no_mha_fastpath():
-    mha = torch.backends.mha
-    mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        mha.set_fastpath_enabled(True)
-
-
 def math_attention() -> contextlib.AbstractContextManager:
     """Differentiable attention for the duration of a product: scaled-dot-product attention on the
     math backend, and no fused inference path of ``nn.MultiheadAttention`` / ``nn.Transformer*``.
@@ -78,7 +68,8 @@ def math_attention() -> contextlib.AbstractContextManager:
     stack = contextlib.ExitStack()
     mha = getattr(torch.backends, "mha", None)
     if mha is not None and hasattr(mha, "get_fastpath_enabled") and mha.get_fastpath_enabled():
-        stack.enter_context(_no_mha_fastpath())
+        mha.set_fastpath_enabled(False)
+        stack.callback(mha.set_fastpath_enabled, True)
     cb = torch.backends.cuda
     fused = [getattr(cb, f"{n}_sdp_enabled", lambda: False)() for n in ("flash", "mem_efficient", "cudnn")]
     if any(fused) or not cb.math_sdp_enabled():
@@ -315,12 +306,15 @@ class CurvatureOperator:
         # forward switches itself): a full ``guard()`` snapshot per product would cost a copy of the
         # model every time.  Attention runs on the math SDPA backend (second-order AD, see above).
         with self.objective.evaluating(), product_kernels():
-            budget = self._budget
-            out = self._matmat(V) if budget is None else budget.run(V, self._matmat, self._path_key)
+            out = self._chunked(V)
         out = self.objective.all_reduce(out)
         self._check_finite(out)
         self.matvecs += V.shape[1]
         return out
+
+    def _chunked(self, V: torch.Tensor) -> torch.Tensor:
+        """``A V`` on the local data, in chunks of columns within ``max_memory`` (the one loop over them)."""
+        return self._matmat(V) if self._budget is None else self._budget.run(V, self._matmat, self._path_key)
 
     def _check_finite(self, out: torch.Tensor) -> None:
         """A NaN/inf product names the parameters whose rows are affected (instead of NaN results)."""
@@ -357,14 +351,12 @@ class CurvatureOperator:
         return self.matmat(v.reshape(-1, 1)).reshape(-1)
 
     def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
-        if isinstance(v, torch.Tensor) and v.ndim == 1:
-            return self.matvec(v)
-        return self.matmat(v)
+        return self.matvec(v) if isinstance(v, torch.Tensor) and v.ndim == 1 else self.matmat(v)
 
     def to_scipy(self):
         """A ``scipy.sparse.linalg.LinearOperator`` (float64 numpy in and out; the vectors are cast to
         ``self.dtype`` for the product, so a float32 operator computes in float32)."""
-        from scipy.sparse.linalg import LinearOperator
+        from scipy.sparse.linalg import LinearOperator  # scipy: needed only here (optional elsewhere)
 
         def mv(x: np.ndarray) -> np.ndarray:
             t = torch.as_tensor(np.asarray(x, dtype=np.float64).reshape(-1)).to(self.dtype)
