@@ -156,7 +156,7 @@ class CompiledOperator(CurvatureOperator):
         self._bufs = self.objective.buffers()
         self._keep_batches = len(self.objective.batch_sizes) == 1  # no data pass per product
         self._kept = None
-        self._h: list[Callable] | None = None
+        self._h: dict[int, Callable] = {}  # GGN: H_out per batch
         self.output_hessian_kind: str | None = None
         try:
             fn = self._ggn_fn() if isinstance(op, GGNOperator) else self._hessian_fn()
@@ -194,18 +194,14 @@ class CompiledOperator(CurvatureOperator):
 
         return ggn_block
 
-    def _output_hessians(self) -> list[Callable]:
-        """Per batch, ``H_out`` at the operator's point (closed form where known)."""
-        if self._h is None:
-            obj, hs = self.objective, []
+    def _output_hessian(self, index: int, x, y) -> Callable:
+        """``H_out`` of batch ``index`` at the operator's point (closed form where known), kept."""
+        if index not in self._h:
+            obj = self.objective
             with torch.no_grad():
-                full = self._full(self._theta)
-                for x, y, _ in obj.batches():
-                    h, kind = output_hessian(obj.loss_fn, obj.call(full, self._bufs, x).detach(), y)
-                    hs.append(h)
-                    self.output_hessian_kind = kind
-            self._h = hs
-        return self._h
+                out = obj.call(self._full(self._theta), self._bufs, x).detach()
+            self._h[index], self.output_hessian_kind = output_hessian(obj.loss_fn, out, y)
+        return self._h[index]
 
     # ------------------------------------------------------------------ products
     def _new_batch(self, index, x, y, w, bufs) -> tuple:
@@ -217,9 +213,8 @@ class CompiledOperator(CurvatureOperator):
         tangents = self._split(V)
         with torch.no_grad(), _dynamo_patch():
             if isinstance(self.eager, GGNOperator):
-                res = self._fn(
-                    self._theta, self._frozen, self._bufs, x, tangents, self._output_hessians()[index]
-                )
+                h = self._output_hessian(index, x, y)
+                res = self._fn(self._theta, self._frozen, self._bufs, x, tangents, h)
             else:
                 res = self._fn(self._theta, self._frozen, self._bufs, x, y, tangents)
         return (w * self._join(res, V.shape[1])).T
