@@ -220,13 +220,13 @@ def test_compiled_operator_budget_measures_on_the_eager_path():
     ref = dense_hessian(model, nn.CrossEntropyLoss(), [(x, y)])
     V = _block(H.shape[0], 6)
     seen = []
-    run = C._run
+    run = C._compiled_chunks
 
     def recorded(block):
         seen.append(int(block.shape[1]))
         return run(block)
 
-    C._run = recorded
+    C._compiled_chunks = recorded
     assert _rel(C.matmat(V), ref @ V) < 1e-12
     budget = C.config()["memory_budget"]
     assert budget["measured_columns"] == 6  # widths 1, 2, 3: measured eagerly

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import landscape as ls
+from landscape.curvature import HessianOperator
 from landscape.curvature.autotune import PathTimer
-from landscape.curvature.engines import HVPEngine
 from tests.references import dense_hessian, make_classification_data, make_mlp, scripted_clock
 
 
@@ -31,7 +31,7 @@ def _objective():
 def test_the_faster_engine_is_kept_per_block_width(durations, single, block):
     model, obj, x, y = _objective()
     H = dense_hessian(model, nn.CrossEntropyLoss(), [(x, y)])
-    eng = HVPEngine(obj, engine="auto", calibrate=True, timer=scripted_clock(durations))
+    eng = HessianOperator(obj, engine="auto", calibrate=True, timer=scripted_clock(durations))
     g = torch.Generator().manual_seed(0)
     v = torch.randn(H.shape[0], 1, generator=g, dtype=torch.float64)
     V = torch.randn(H.shape[0], 5, generator=g, dtype=torch.float64)
@@ -76,4 +76,4 @@ def test_cpu_default_spends_no_calibration_products():
     cfg = op.config()
     assert cfg["calibrate"] is False and cfg["engine_used"] == "double_backward"
     with pytest.raises(ValueError, match="calibrate=True times the engines"):
-        HVPEngine(obj, engine="double_backward", calibrate=True)
+        ls.hessian(obj, engine="double_backward", calibrate=True)

@@ -46,7 +46,7 @@ def test_output_space_empirical_fisher_matches_dense(loss, targets, sizes):
         assert _rel(op @ V[:, 0], want @ V[:, 0]) <= 1e-12  # the single-vector path
         cfg = op.config()
         assert cfg["method_used"] == "output_space" and cfg["fallback_reason"] is None
-        assert op._cache is None  # no per-example gradients kept
+        assert all(b.grads is None for b in op._kept or [])  # no per-example gradients kept
     per_example = ls.empirical_fisher(obj, method="per_example")
     assert _rel(per_example.to_dense(), want) <= 1e-12
     assert per_example.config()["method_used"] == "per_example"

@@ -16,7 +16,7 @@ import landscape as ls
 from landscape.curvature.ggn import GGNOperator
 from tests.references import dense_ggn, make_classification_data, make_mlp, scripted_clock
 
-ggn_mod = importlib.import_module("landscape.curvature.ggn")  # the module (``curvature.ggn`` is the function)
+ggn_mod = importlib.import_module("landscape.curvature.output_space")  # the GGN's J V paths
 
 
 def _problem(batches=(20,)):
@@ -50,13 +50,13 @@ def _vectors(p: int):
 
 def _record_paths(op: GGNOperator) -> list[str]:
     calls: list[str] = []
-    run = op._run_path
+    run = op._run
 
     def recorded(path, V):
         calls.append(path)
         return run(path, V)
 
-    op._run_path = recorded
+    op._run = recorded
     return calls
 
 
@@ -100,11 +100,11 @@ def test_the_path_not_chosen_is_never_run_again(path, other, monkeypatch):
     fast, slow = 1.0, 5.0
     durations = [fast, slow] * 2 if path == "forward" else [slow, fast] * 2
     op = ls.ggn(obj, calibrate=True)
-    op._paths.timer = scripted_clock(durations)
+    op._timer.timer = scripted_clock(durations)
     v, V = _vectors(G.shape[0])
     op @ v, op @ V  # calibration of both widths
     if path == "forward":  # the traced linearisation is not kept when no width uses it
-        assert all(lin.jvp_lin is None for lin in op._linearised)
+        assert all(lin.jvp_lin is None for lin in op._kept)
     counted = []
     real = getattr(ggn_mod, other)
     monkeypatch.setattr(ggn_mod, other, lambda *a, **k: (counted.append(1), real(*a, **k))[1])
@@ -122,7 +122,7 @@ def test_a_failing_path_is_dropped_with_its_reason(monkeypatch):
 
     monkeypatch.setattr(ggn_mod, "linearize", broken)
     op = ls.ggn(obj, calibrate=True)
-    op._paths.timer = scripted_clock([3.0, 4.0])  # only forward mode is timed
+    op._timer.timer = scripted_clock([3.0, 4.0])  # only forward mode is timed
     v, V = _vectors(G.shape[0])
     for w in (v, V, V):
         assert _rel(op @ w, G @ w) <= 1e-10
@@ -164,7 +164,7 @@ def test_cpu_default_is_forward_mode_bit_for_bit_without_timing(dtype):
         assert torch.equal(auto @ w, forward @ w)
     cfg = auto.config()
     assert cfg["jvp"] == "auto" and cfg["jvp_used"] == "forward" and cfg["calibrate"] is False
-    assert "calibrated_choice" not in cfg and auto._paths is None
+    assert "calibrated_choice" not in cfg and auto._timer is None
     for make in (ls.empirical_fisher, ls.fisher):  # the Fisher operators share the default
         a, f = make(obj), make(obj, jvp="forward")
         assert torch.equal(a @ V, f @ V) and a.config()["jvp_used"] == "forward"
@@ -225,7 +225,7 @@ def test_fisher_operators_calibrate_the_same_paths():
     for make in (ls.empirical_fisher, ls.fisher):
         want = make(obj, jvp="forward")
         op = make(obj, calibrate=True)
-        op._paths.timer = scripted_clock([5.0, 1.0, 1.0, 5.0])
+        op._timer.timer = scripted_clock([5.0, 1.0, 1.0, 5.0])
         for w in (v, V, v, V):
             assert _rel(op @ w, want @ w) <= 1e-12
         cfg = op.config()
@@ -249,7 +249,7 @@ def test_a_coupled_model_still_falls_back_to_per_example_fisher():
     x, y = make_classification_data(n=8, d=4, n_classes=3, seed=1, dtype=torch.float64)
     obj = ls.Objective(Centred(), nn.CrossEntropyLoss(), [(x, y)])
     op = ls.empirical_fisher(obj, calibrate=True)
-    op._paths.timer = _no_clock
+    op._timer.timer = _no_clock
     ref = ls.empirical_fisher(obj, method="per_example")
     V = _vectors(op.shape[0])[1]
     assert _rel(op @ V, ref @ V) <= 1e-12

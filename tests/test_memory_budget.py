@@ -15,8 +15,7 @@ from torch import nn
 from torch.func import functional_call
 
 import landscape as ls
-from landscape.curvature import memory
-from landscape.curvature.engines import HVPEngine
+from landscape.curvature import HVPEngine, memory
 from landscape.curvature.memory import BlockBudget, PeakTracker, parse_budget, track_peak
 
 F64 = 8
@@ -295,11 +294,12 @@ def test_budgeted_products_equal_a_dense_float64_hessian():
     assert float((ls.hvp(obj, V, max_memory="64KiB") - H @ V).abs().max()) <= 1e-12 * scale
 
 
-def test_hessian_engine_takes_a_budget_and_keys_fits_by_path():
+def test_deprecated_hessian_engine_warns_takes_a_budget_and_keys_fits_by_path():
     _, obj = _mlp_objective(n=64)
     V = _probes(obj.num_params, 8)
     ref = ls.hessian(obj) @ V
-    engine = HVPEngine(obj, engine="forward_over_reverse", max_memory="2MB")
+    with pytest.warns(DeprecationWarning, match="HVPEngine is deprecated.*landscape.hessian"):
+        engine = HVPEngine(obj, engine="forward_over_reverse", max_memory="2MB")
     out = engine.matmat(V)
     assert float((out - ref).abs().max()) <= 1e-12 * float(ref.abs().max())
     cfg = engine.config()["memory_budget"]

@@ -11,7 +11,6 @@ from torch import nn
 
 import landscape as ls
 from landscape.curvature import FisherOperator, GGNOperator, HessianOperator
-from landscape.curvature.engines import HVPEngine
 from tests import references as ref
 
 
@@ -228,7 +227,7 @@ def test_auto_falls_back_once_and_records_it():
     obj = ls.Objective(model, loss, batches)
     op = ls.hessian(obj)
     assert op.engine_used == "double_backward"  # CPU default: fastest engine there
-    eng = HVPEngine(obj, engine="auto")
+    eng = ls.hessian(obj, engine="auto")
     eng.engine_used = "forward_over_reverse"  # what auto picks on accelerators
     V = _randn(obj.num_params, 4)
     want = _reference("mse_mean_uneven", "hessian") @ V

@@ -1,11 +1,10 @@
 """Curvature of an :class:`~landscape.Objective`: matrix-free operators and their spectra.
 
-* ``engines``: Hessian-vector product engines (forward-over-reverse, double backward, finite
-  differences);
-* ``base``: :class:`CurvatureOperator`, the one base class of every operator, and
-  :func:`product_kernels`, the kernels every product runs with;
-* ``hessian``, ``ggn``, ``fisher``: the Hessian, generalised Gauss-Newton, empirical and Monte-Carlo
-  Fisher operators;
+* ``base``: :class:`CurvatureOperator`, the one base class of every operator (the one loop over
+  batches and column chunks), and :func:`product_kernels`, the kernels every product runs with;
+* ``hessian``, ``ggn``, ``fisher``: the Hessian (its engines: forward-over-reverse, double backward,
+  finite differences; ``graph_split``: its cached graph as sub-graphs), generalised Gauss-Newton,
+  empirical and Monte-Carlo Fisher operators (``output_space``: the ``J^T M J`` products they share);
 * ``memory``: ``max_memory=`` of every operator: blocks split into chunks of columns whose measured
   peak memory stays within a budget;
 * ``compiled``, ``autocompile``: products as one ``torch.compile`` graph, and ``compile="auto"`` of
@@ -23,11 +22,11 @@ from landscape.curvature.base import CurvatureOperator, product_kernels
 from landscape.curvature.compiled import CompiledOperator, compile_operator
 from landscape.curvature.density import DensityResult, spectral_density
 from landscape.curvature.eigen import EigenResult, eigenvalues, power_iteration
-from landscape.curvature.engines import ENGINES, HVPEngine
 from landscape.curvature.fisher import EmpiricalFisherOperator, FisherOperator, empirical_fisher, fisher
-from landscape.curvature.ggn import GGNOperator, OutputSpaceOperator, ggn
-from landscape.curvature.hessian import HessianOperator, hessian, hvp
+from landscape.curvature.ggn import GGNOperator, ggn
+from landscape.curvature.hessian import ENGINES, HessianOperator, HVPEngine, hessian, hvp
 from landscape.curvature.monitor import CurvatureMonitor, MonitorResult, stability_threshold
+from landscape.curvature.output_space import OutputSpaceOperator
 from landscape.curvature.trace import DiagonalResult, TraceResult, diagonal, trace
 
 __all__ = [

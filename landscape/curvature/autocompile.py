@@ -148,7 +148,7 @@ class AutoCompiledOperator(CurvatureOperator):
     def _decide(self, k: int, seconds: float) -> None:
         """After the second (eager, timed) block of ``k`` products that took ``seconds``."""
         kind, dev = _kind(self.eager), self.device.type
-        left = max(0, self.products - self.matvecs)
+        left = max(0, self.products - self.matvecs - k)  # this block counted
         t_e = seconds / k
         self._sig = sig = _signature(self.eager, k)  # the key of what this operator measures
         known = _MEASURED.get(sig, {})
@@ -209,32 +209,26 @@ class AutoCompiledOperator(CurvatureOperator):
             )
 
     # ------------------------------------------------------------------ products
-    def matmat(self, V: torch.Tensor) -> torch.Tensor:
-        k = int(V.shape[1]) if isinstance(V, torch.Tensor) and V.ndim == 2 else 0
-        if self.state == "warming" and k > 0:
-            out = self.eager.matmat(V)
-            self.matvecs += k
+    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
+        """The block on the eager or the compiled product (each within its own ``max_memory``)."""
+        k = int(V.shape[1])
+        self.eager.matvecs += k  # the caller's operator counts every product made for it
+        if self.state == "warming":
             self.state = "measuring"
-            return out
-        if self.state == "measuring" and k > 0:
-            out, seconds = self._timed(self.eager.matmat, V)
-            self.matvecs += k
+            return self.eager._chunked(V)
+        if self.state == "measuring":
+            out, seconds = self._timed(self.eager._chunked, V)
             self._decide(k, seconds)
             return out
         if self.state == "compiled" and k == self.width:
-            first = "compiled_seconds_per_product" not in self.record
-            if first:
-                out, seconds = self._timed(self.compiled.matmat, V)
-                self._check_speed(k, seconds)
-            else:
-                out = self.compiled.matmat(V)
-            self.matvecs += k
-            self.eager.matvecs += k  # the caller's operator counts every product made for it
+            self.compiled.matvecs += k
             self.record["compiled_products"] = self.record.get("compiled_products", 0) + k
+            if "compiled_seconds_per_product" in self.record:
+                return self.compiled._chunked(V)
+            out, seconds = self._timed(self.compiled._chunked, V)
+            self._check_speed(k, seconds)
             return out
-        out = self.eager.matmat(V)
-        self.matvecs += k
-        return out
+        return self.eager._chunked(V)
 
     def config(self) -> dict[str, Any]:
         base = (

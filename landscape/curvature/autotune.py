@@ -1,6 +1,6 @@
 """Choosing among equivalent product paths by timing them on the device that runs them.
 
-Several engines compute the same Hessian product (``curvature.engines``): which is fastest depends
+Several engines compute the same Hessian product (``curvature.hessian``): which is fastest depends
 on the model, the block width and the device (on an H100, forward-over-reverse beats double
 backward from about 8 vectors per block on ResNet-20; on a CPU double backward with a cached graph
 wins, measured by ``benchmarks/bench_products.py``). A fixed table cannot know the user's model and
@@ -22,7 +22,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["PathTimer", "width_class"]
+__all__ = ["PathTimer", "short_error", "width_class"]
+
+
+def short_error(err: BaseException) -> str:
+    """Why a path failed, in one line: the exception's type and the start of its first line."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
 
 
 def width_class(k: int) -> str:
@@ -83,9 +88,7 @@ class PathTimer:
             except self.passthrough:
                 raise
             except Exception as err:  # noqa: BLE001 - a path this model cannot run: not a candidate
-                self.failed[path] = (
-                    f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
-                )
+                self.failed[path] = short_error(err)
             self.calibration_products += 2 * int(V.shape[1])
         if not seconds:
             raise RuntimeError(f"no product path ran on this model: {self.failed}")

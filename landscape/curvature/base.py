@@ -4,7 +4,7 @@ All operators are ``p x p`` symmetric matrices at a fixed point ``theta`` (the o
 parameters when the operator is built, or ``params=``), for the whole-dataset loss
 ``L = sum_b w_b l(f(X_b), y_b)`` with ``w_b = |B_b|/N`` (mean) or ``1`` (sum):
 
-* Hessian ``H = d^2 L / d theta^2`` (:class:`HessianOperator`, engines in ``landscape.curvature.engines``).
+* Hessian ``H = d^2 L / d theta^2`` (:class:`HessianOperator`, ``landscape.curvature.hessian``).
 * Generalised Gauss-Newton ``G = sum_b w_b J_b^T H_out,b J_b`` with ``J_b = df(X_b)/dtheta`` and
   ``H_out,b = d^2 l / d f^2`` obtained by autodiff, so any twice-differentiable loss works
   (Schraudolph 2002, "Fast curvature matrix-vector products", eq. 8; Martens 2020, "New insights
@@ -31,6 +31,7 @@ another device are moved to ``op.device``.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -39,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from landscape.curvature.autotune import width_class
+from landscape.curvature.autotune import PathTimer, width_class
 from landscape.curvature.memory import BlockBudget, make_budget
 from landscape.objective import Objective
 
@@ -51,16 +52,6 @@ def _all_finite(t: torch.Tensor) -> bool:
         return True
     lo, hi = torch.aminmax(t)
     return bool(torch.isfinite(lo) & torch.isfinite(hi))
-
-
-@contextlib.contextmanager
-def _no_mha_fastpath():
-    mha = torch.backends.mha
-    mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        mha.set_fastpath_enabled(True)
 
 
 def math_attention() -> contextlib.AbstractContextManager:
@@ -77,7 +68,8 @@ def math_attention() -> contextlib.AbstractContextManager:
     stack = contextlib.ExitStack()
     mha = getattr(torch.backends, "mha", None)
     if mha is not None and hasattr(mha, "get_fastpath_enabled") and mha.get_fastpath_enabled():
-        stack.enter_context(_no_mha_fastpath())
+        mha.set_fastpath_enabled(False)
+        stack.callback(mha.set_fastpath_enabled, True)
     cb = torch.backends.cuda
     fused = [getattr(cb, f"{n}_sdp_enabled", lambda: False)() for n in ("flash", "mem_efficient", "cudnn")]
     if any(fused) or not cb.math_sdp_enabled():
@@ -157,17 +149,27 @@ def product_kernels() -> contextlib.AbstractContextManager:
 class CurvatureOperator:
     """Base class: a symmetric ``p x p`` curvature matrix at a fixed point, applied matrix-free.
 
-    Subclasses implement ``_matmat(V) -> [p, k]`` on the local data; the base class validates the
-    input, restores the model's train/eval flags (products only ever see private copies of
-    parameters and buffers, so the model itself cannot change), sums over data-parallel ranks
-    and counts products.  ``max_memory``: split blocks into chunks of columns whose measured peak
-    stays within this budget (bytes, ``"2GiB"``, a fraction of the free memory; ``None``: no limit,
-    no measurement), see :mod:`landscape.curvature.memory`.
+    The base owns everything around a product: :meth:`matmat` validates the block (shape, dtype,
+    finite), restores the model's train/eval flags (products only see private copies of parameters
+    and buffers), runs the product kernels (:func:`product_kernels`), splits the columns within
+    ``max_memory`` (:mod:`landscape.curvature.memory`; ``None``: no limit, nothing measured), sums
+    over ranks, checks the result and counts products; :meth:`_run` is the one loop over batches.
+
+    A subclass supplies its per-batch products, ``product(batch, V) -> [p, k]`` with ``batch`` a
+    :meth:`_new_batch` state (the batch and what the operator keeps of it), named in ``PRODUCTS``
+    (path -> method), and :meth:`_choose`, the one function that picks the path a block runs on
+    (like ``torch.optim.sgd`` picking ``_single_tensor``/``_multi_tensor``/``_fused``).  A path left
+    to measurement (``_choose`` returns ``None``) is timed once per width class by
+    :class:`~landscape.curvature.autotune.PathTimer` (:meth:`_calibrate`).
     """
 
     name = "curvature"
+    PRODUCTS: dict[str, str] = {}  # path -> name of the per-batch product method
     _uses_per_example = False  # built from per-example gradients (undefined for a random forward)
     _budget: BlockBudget | None = None  # max_memory=None: one pass per block, nothing measured
+    _timer: PathTimer | None = None  # calibrate: the candidate paths timed per width class
+    _keep_batches = False  # keep the per-batch states (graphs, factors) between products
+    _strict = False  # True while the paths are timed: a failing path raises (and is dropped)
 
     def __init__(self, objective: Objective, params: Any = None, max_memory: Any = None) -> None:
         if not isinstance(objective, Objective):
@@ -185,17 +187,84 @@ class CurvatureOperator:
         self.dtype = objective.dtype
         self.device = objective.device
         self.matvecs = 0
+        self._kept: list[Any] | None = None
 
     # ------------------------------------------------------------------ to implement
-    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    def _choose(self, k: int) -> str | None:
+        """The path a block of ``k`` columns runs on (``None``: time the candidates first)."""
+        return next(iter(self.PRODUCTS))
+
+    def _new_batch(self, index: int, x: Any, y: torch.Tensor, w: float, bufs: dict[str, torch.Tensor]) -> Any:
+        """The state of batch ``index`` the products receive (default: the batch itself)."""
+        return (x, y, w, bufs)
+
+    def _calibrated(self, k: int) -> None:
+        """After the timed first block of ``k`` columns (record the choice)."""
 
     def _extra_config(self) -> dict[str, Any]:
         return {}
 
+    def _calibration(self, calibrate, name: str, mode: str, what: str, paths, timer, passthrough=()) -> None:
+        """``calibrate=``: with ``name="auto"`` the ``paths`` are timed (``PathTimer``, clock ``timer``)
+        if ``True``, or if ``"auto"`` on any device but the CPU (which runs its measured default)."""
+        if calibrate not in (True, False, "auto"):
+            raise ValueError(f"calibrate must be True, False or 'auto', got {calibrate!r}")
+        if calibrate is True and mode != "auto":
+            raise ValueError(
+                f"calibrate=True times {what} against each other: use {name}='auto', not {mode!r}"
+            )
+        self.calibrate = mode == "auto" and (
+            calibrate is True or (calibrate == "auto" and self.device.type != "cpu")
+        )
+        if self.calibrate:
+            self._timer = PathTimer(paths, self.device, timer or time.perf_counter, passthrough=passthrough)
+
     def _path_key(self, k: int) -> str:
         """The product path a block of ``k`` columns runs on: memory fits are kept per path."""
-        return width_class(k)
+        return f"{self._choose(k) or 'uncalibrated'}/{width_class(k)}"
+
+    # ------------------------------------------------------------------ the loop over batches
+    def _batches(self) -> Iterator[Any]:
+        """The per-batch states of one pass: kept ones (``_keep_batches``), or new ones."""
+        if self._kept is not None:
+            yield from self._kept
+            return
+        obj, kept = self.objective, []
+        bufs = obj.buffers()  # copies, once per pass
+        for i, (x, y, w) in enumerate(obj.batches()):
+            batch = self._new_batch(i, x, y, w, bufs)
+            if self._keep_batches:
+                kept.append(batch)
+            yield batch
+            del batch  # not kept: freed before the next batch's state is built
+        if self._keep_batches:
+            self._kept = kept
+
+    def _run(self, path: str, V: torch.Tensor) -> torch.Tensor:
+        """``A V = sum_b A_b V`` on the local data with the per-batch product of ``path``."""
+        product = getattr(self, self.PRODUCTS[path])
+        total = None
+        for batch in self._batches():
+            part = product(batch, V)
+            total = part if total is None else total.add_(part)
+            del batch, part  # an uncached graph is freed before the next batch's is built
+        return total
+
+    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
+        """``A V`` for one chunk of columns on the local data: the chosen path, or its calibration."""
+        path = self._choose(int(V.shape[1]))
+        return self._calibrate(V) if path is None else self._run(path, V)
+
+    def _calibrate(self, V: torch.Tensor) -> torch.Tensor:
+        """The first block of a width class: every candidate path timed (untimed run, timed run;
+        :class:`~landscape.curvature.autotune.PathTimer`), the fastest kept; the result is its."""
+        self._strict = True  # a path failing while timed is dropped, not patched by a fallback
+        try:
+            out = self._timer.run(V, self._run)
+        finally:
+            self._strict = False
+        self._calibrated(int(V.shape[1]))
+        return out
 
     # ------------------------------------------------------------------ shared helpers
     def _split(self, V: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -237,12 +306,15 @@ class CurvatureOperator:
         # forward switches itself): a full ``guard()`` snapshot per product would cost a copy of the
         # model every time.  Attention runs on the math SDPA backend (second-order AD, see above).
         with self.objective.evaluating(), product_kernels():
-            budget = self._budget
-            out = self._matmat(V) if budget is None else budget.run(V, self._matmat, self._path_key)
+            out = self._chunked(V)
         out = self.objective.all_reduce(out)
         self._check_finite(out)
         self.matvecs += V.shape[1]
         return out
+
+    def _chunked(self, V: torch.Tensor) -> torch.Tensor:
+        """``A V`` on the local data, in chunks of columns within ``max_memory`` (the one loop over them)."""
+        return self._matmat(V) if self._budget is None else self._budget.run(V, self._matmat, self._path_key)
 
     def _check_finite(self, out: torch.Tensor) -> None:
         """A NaN/inf product names the parameters whose rows are affected (instead of NaN results)."""
@@ -279,14 +351,12 @@ class CurvatureOperator:
         return self.matmat(v.reshape(-1, 1)).reshape(-1)
 
     def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
-        if isinstance(v, torch.Tensor) and v.ndim == 1:
-            return self.matvec(v)
-        return self.matmat(v)
+        return self.matvec(v) if isinstance(v, torch.Tensor) and v.ndim == 1 else self.matmat(v)
 
     def to_scipy(self):
         """A ``scipy.sparse.linalg.LinearOperator`` (float64 numpy in and out; the vectors are cast to
         ``self.dtype`` for the product, so a float32 operator computes in float32)."""
-        from scipy.sparse.linalg import LinearOperator
+        from scipy.sparse.linalg import LinearOperator  # scipy: needed only here (optional elsewhere)
 
         def mv(x: np.ndarray) -> np.ndarray:
             t = torch.as_tensor(np.asarray(x, dtype=np.float64).reshape(-1)).to(self.dtype)

@@ -46,6 +46,7 @@ import torch
 from torch.func import grad as func_grad
 from torch.func import jvp, vjp, vmap
 
+from landscape.curvature.autotune import width_class
 from landscape.curvature.base import CurvatureOperator, math_attention
 from landscape.curvature.ggn import GGNOperator
 from landscape.curvature.hessian import HessianOperator
@@ -103,6 +104,8 @@ class CompiledOperator(CurvatureOperator):
     :func:`compile_operator`.
     """
 
+    PRODUCTS = {"compiled": "_compiled"}  # per batch; "eager": the eager operator's own product
+
     def __init__(
         self,
         op: CurvatureOperator,
@@ -140,10 +143,7 @@ class CompiledOperator(CurvatureOperator):
         self.shape, self.dtype, self.device = op.shape, op.dtype, op.device
         self.matvecs = 0
         self.mode, self.fullgraph, self.backend, self.dynamic = mode, fullgraph, backend, dynamic
-        default_chunk = getattr(op, "chunk_size", None) or getattr(
-            getattr(op, "engine", None), "chunk_size", None
-        )
-        self.chunk_size = chunk_size if chunk_size is not None else (default_chunk or 32)
+        self.chunk_size = chunk_size if chunk_size is not None else (op.chunk_size or 32)
         self.seed, self.probe_width = seed, probe_width
         if isinstance(max_memory, str) and max_memory == "inherit":
             max_memory = None if op._budget is None else op._budget.spec
@@ -154,7 +154,9 @@ class CompiledOperator(CurvatureOperator):
         self.verify_error: float | None = None
         self._widths: set[int] = set()
         self._bufs = self.objective.buffers()
-        self._h: list[Callable] | None = None
+        self._keep_batches = len(self.objective.batch_sizes) == 1  # no data pass per product
+        self._kept = None
+        self._h: dict[int, Callable] = {}  # GGN: H_out per batch
         self.output_hessian_kind: str | None = None
         try:
             fn = self._ggn_fn() if isinstance(op, GGNOperator) else self._hessian_fn()
@@ -192,51 +194,68 @@ class CompiledOperator(CurvatureOperator):
 
         return ggn_block
 
-    def _output_hessians(self) -> list[Callable]:
-        """Per batch, ``H_out`` at the operator's point (closed form where known)."""
-        if self._h is None:
-            obj, hs = self.objective, []
+    def _output_hessian(self, index: int, x, y) -> Callable:
+        """``H_out`` of batch ``index`` at the operator's point (closed form where known), kept."""
+        if index not in self._h:
+            obj = self.objective
             with torch.no_grad():
-                full = self._full(self._theta)
-                for x, y, _ in obj.batches():
-                    h, kind = output_hessian(obj.loss_fn, obj.call(full, self._bufs, x).detach(), y)
-                    hs.append(h)
-                    self.output_hessian_kind = kind
-            self._h = hs
-        return self._h
+                out = obj.call(self._full(self._theta), self._bufs, x).detach()
+            self._h[index], self.output_hessian_kind = output_hessian(obj.loss_fn, out, y)
+        return self._h[index]
 
     # ------------------------------------------------------------------ products
-    def _compiled_block(self, V: torch.Tensor) -> torch.Tensor:
-        """``A V`` through the compiled function (``V``: ``[p, c]``, one chunk)."""
-        obj, k = self.objective, V.shape[1]
-        tangents = self._split(V)
-        total = torch.zeros(k, obj.num_params, dtype=self.dtype, device=self.device)
-        hs = self._output_hessians() if isinstance(self.eager, GGNOperator) else None
-        with torch.no_grad(), _dynamo_patch():
-            for b, (x, y, w) in enumerate(obj.batches()):
-                if hs is None:
-                    res = self._fn(self._theta, self._frozen, self._bufs, x, y, tangents)
-                else:
-                    res = self._fn(self._theta, self._frozen, self._bufs, x, tangents, hs[b])
-                total += w * self._join(res, k)
-        return total.T
+    def _new_batch(self, index, x, y, w, bufs) -> tuple:
+        return index, x, y, w  # the buffers copied once, at construction (self._bufs)
 
-    def _run(self, V: torch.Tensor) -> torch.Tensor:
+    def _compiled(self, b: tuple, V: torch.Tensor) -> torch.Tensor:
+        """``w_b A_b V`` (``[p, c]``) through the compiled function (``V``: one chunk of columns)."""
+        index, x, y, w = b
+        tangents = self._split(V)
+        with torch.no_grad(), _dynamo_patch():
+            if isinstance(self.eager, GGNOperator):
+                h = self._output_hessian(index, x, y)
+                res = self._fn(self._theta, self._frozen, self._bufs, x, tangents, h)
+            else:
+                res = self._fn(self._theta, self._frozen, self._bufs, x, y, tangents)
+        return (w * self._join(res, V.shape[1])).T
+
+    def _choose(self, k: int) -> str:
+        """Compiled, unless a compile failed or a width's peak is being measured (on the eager path)."""
+        return (
+            "compiled"
+            if self.compiled and not (self._budget is not None and self._budget.measuring)
+            else "eager"
+        )
+
+    def _run(self, path: str, V: torch.Tensor) -> torch.Tensor:
+        if path == "compiled":
+            try:
+                return self._compiled_chunks(V)
+            except Exception as err:  # noqa: BLE001 - e.g. recompiling for a new width failed
+                self._fail(err)
+        return self.eager._matmat(V)
+
+    def _compiled_chunks(self, V: torch.Tensor) -> torch.Tensor:
+        """``A V`` in chunks of ``chunk_size`` columns, each summed over the batches (the base loop);
+        the first chunk of a new width compiles (its time is added to ``compile_seconds``)."""
         outs = []
         for start in range(0, V.shape[1], self.chunk_size):
             block = V[:, start : start + self.chunk_size]
             width = block.shape[1]
             if width in self._widths:
-                outs.append(self._compiled_block(block))
+                outs.append(super()._run("compiled", block))
                 continue
             before, t0 = _graph_count(), time.perf_counter()
-            out = self._compiled_block(block)
+            out = super()._run("compiled", block)
             self.compile_seconds += time.perf_counter() - t0
             if before >= 0 and _graph_count() == before and not self._widths:
                 raise RuntimeError("torch.compile produced no graph (the function ran eagerly)")
             self._widths.add(width)
             outs.append(out)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+    def _path_key(self, k: int) -> str:
+        return width_class(k)  # the fits are the eager product's (measured on the eager path)
 
     def _fail(self, err: BaseException) -> None:
         self.compiled = False
@@ -248,7 +267,7 @@ class CompiledOperator(CurvatureOperator):
         probe = probe.to(device=self.device, dtype=self.dtype)
         with self.objective.evaluating(), math_attention():
             try:
-                out = self._run(probe)
+                out = self._compiled_chunks(probe)
             except Exception as err:  # noqa: BLE001 - any compile failure: eager from now on
                 self._fail(err)
                 return
@@ -264,16 +283,6 @@ class CompiledOperator(CurvatureOperator):
                 f"the compiled product differs from the eager one by {self.verify_error:.3g} (relative) "
                 f"on a random probe (tolerance {rtol:g}); using the eager operator"
             )
-
-    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
-        if self._budget is not None and self._budget.measuring:
-            return self.eager._matmat(V)  # a width's peak is measured on the eager path (docstring)
-        if self.compiled:
-            try:
-                return self._run(V)
-            except Exception as err:  # noqa: BLE001 - e.g. recompiling for a new width failed
-                self._fail(err)
-        return self.eager._matmat(V)
 
     def _extra_config(self) -> dict[str, Any]:
         backend = (

@@ -12,7 +12,7 @@ loss's own likelihood, with ``c = 1/(N m)``; see :class:`FisherOperator`).  By t
 (Kunstner et al. 2019, Sec. 3; Martens 2020, Sec. 9.2), i.e. a generalised Gauss-Newton product
 with the output-space matrix ``Lambda`` in place of the output Hessian.  ``method="output_space"``
 (default) computes it with one ``jvp`` and one backward pass of the batch forward per product
-(:class:`~landscape.curvature.ggn.OutputSpaceOperator`), keeping only the ``r_ns`` (output-sized)
+(:class:`~landscape.curvature.output_space.OutputSpaceOperator`), keeping only the ``r_ns`` (output-sized)
 and the forward graph where it is cheap (``cache``) -- the memory of a GGN product.
 ``method="per_example"`` instead forms the ``[B, p]`` per-example gradients with ``vmap`` and keeps
 them between products while they fit in ``cache_bytes``: far more memory, but a cached product is
@@ -32,7 +32,7 @@ import torch
 from torch.func import grad as func_grad
 from torch.func import vmap
 
-from landscape.curvature.ggn import OutputSpaceOperator, _short_error
+from landscape.curvature.autotune import short_error
 from landscape.curvature.likelihoods import (
     check_likelihood,
     fisher_term_scale,
@@ -43,6 +43,7 @@ from landscape.curvature.likelihoods import (
     terms_per_example,
 )
 from landscape.curvature.output_moments import outer_apply, output_gradients, term_kind, term_outer_apply
+from landscape.curvature.output_space import OutputSpaceOperator
 from landscape.inputs import _map_inputs
 from landscape.objective import Objective
 
@@ -86,7 +87,7 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         cache: output space: keep each batch's forward graph between products (``"auto"``: for a
             single-batch objective).
         jvp: output space: ``"auto"`` (default), ``"forward"``, ``"linearize"`` or ``"double_vjp"``
-            (as for the GGN, :class:`~landscape.curvature.ggn.OutputSpaceOperator`).
+            (as for the GGN, :class:`~landscape.curvature.output_space.OutputSpaceOperator`).
         cache_bytes: per example: keep the per-example gradients while they fit in this many bytes.
         per: ``"example"`` or ``"loss_term"`` (above; ``"loss_term"`` needs the output-space method).
         max_memory: split blocks into chunks of columns whose measured peak stays within this budget
@@ -95,6 +96,7 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
     """
 
     name = "empirical_fisher"
+    PRODUCTS = {**OutputSpaceOperator.PRODUCTS, "per_example": "_per_example"}
     _uses_per_example = True
     _passthrough = (_NotSeparable,)  # decides the method, not the jvp path: never a timing failure
 
@@ -139,9 +141,9 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         self._cache_ok = (
             objective.num_examples * objective.num_params * itemsize * self._copies() <= cache_bytes
         )
-        self._cache: list[torch.Tensor] | None = None
-        self._pe_state: dict[str, Any] = {}
         self._separable_checked = False
+        if method == "per_example":
+            self._keep_batches = self._cache_ok  # the per-example gradients, kept while they fit
 
     def _copies(self) -> int:
         return 1
@@ -203,14 +205,13 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
             xb = _map_inputs(xi, lambda t: t.unsqueeze(0))
             return loss_fn(obj.call(self._full(sel), bufs, xb), yi.unsqueeze(0))
 
-        B = int(y.shape[0])
-        if self._pe_state.get("vmap", True):
+        B, rec = int(y.shape[0]), self.record
+        if rec.pe_vmap:
             try:
                 g = vmap(func_grad(li), in_dims=(None, 0, 0), chunk_size=self.chunk_size)(self._theta, x, y)
                 return self._join(g, B)
             except Exception as err:  # noqa: BLE001 - unsupported by vmap: loop over examples
-                self._pe_state["vmap"] = False
-                self._pe_state["vmap_error"] = _short_error(err)
+                rec.pe_vmap, rec.vmap_error = False, short_error(err)
         rows = []
         for i in range(B):
             xi = _map_inputs(x, lambda t, i=i: t[i])
@@ -219,28 +220,17 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
             )
         return torch.cat(rows)
 
-    def _gradient_blocks(self):
-        if self._cache is not None:
-            yield from self._cache
-            return
-        bufs = self.objective.buffers()
-        blocks = []
-        for k, (x, y, _) in enumerate(self.objective.batches()):
-            gs = self._batch_gradients(k, x, y, bufs)
-            if self._cache_ok:
-                blocks.append(gs)
-            yield gs
+    def _per_example(self, lin, V: torch.Tensor) -> torch.Tensor:
+        """The per-example product of one batch: ``c G_b^T (G_b V)`` (``G_b`` kept while they fit)."""
+        G = lin.grads if lin.grads is not None else self._batch_gradients(lin.k, lin.x, lin.y, lin.bufs)
         if self._cache_ok:
-            self._cache = blocks
-
-    def _per_example_matmat(self, V: torch.Tensor) -> torch.Tensor:
-        out = None
-        for G in self._gradient_blocks():
-            part = G.T @ (G @ V)
-            out = part if out is None else out.add_(part)
-        return out * (self._scale() / self._copies())
+            lin.grads = G
+        return (G.T @ (G @ V)).mul_(self._scale() / self._copies())
 
     # ------------------------------------------------------------------ products
+    def _choose(self, k: int) -> str | None:
+        return "per_example" if self.method_used == "per_example" else super()._choose(k)
+
     def _matmat(self, V: torch.Tensor) -> torch.Tensor:
         if self.method_used == "output_space":
             try:
@@ -252,8 +242,8 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
                         "per='example'"
                     ) from None
                 self.method_used, self.fallback_reason = "per_example", str(err)
-                self._linearised = None
-        return self._per_example_matmat(V)
+                self._kept, self._keep_batches = None, self._cache_ok
+        return super()._matmat(V)
 
     def _path_key(self, k: int) -> str:
         return f"{self.method_used}/{super()._path_key(k)}"
@@ -269,7 +259,7 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
         if self.method_used == "output_space":
             cfg.update(super()._extra_config())
         else:
-            cfg.update({"cache_bytes": self.cache_bytes, "vmap": self._pe_state.get("vmap", True)})
+            cfg.update({"cache_bytes": self.cache_bytes, "vmap": self.record.pe_vmap})
         return cfg
 
 

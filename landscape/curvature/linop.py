@@ -5,8 +5,7 @@ The eigen/trace/density routines accept
 * any *linear operator*: an object with ``.shape == (p, p)``, ``.dtype``, ``.device`` and
   ``matmat(V [p, k]) -> [p, k]`` (e.g. :class:`landscape.curvature.CurvatureOperator`);
 * a dense symmetric ``torch.Tensor`` (or numpy array) of shape ``[p, p]``;
-* a :class:`landscape.Objective`, meaning its Hessian (``landscape.curvature.hessian``, imported
-  lazily so that this module does not depend on the operator module).
+* a :class:`landscape.Objective`, meaning its Hessian (``landscape.curvature.hessian``).
 
 :func:`as_linop` wraps any of them in a :class:`LinOp` that computes in float64 (inputs are cast to
 the operator's dtype for the call and the result back to float64) and counts every column it
@@ -23,16 +22,15 @@ import numpy as np
 import torch
 
 from landscape.checks import check_int, check_seed
+from landscape.curvature.autocompile import auto_compile
+from landscape.curvature.hessian import hessian
+from landscape.objective import Objective
 
 __all__ = ["LinOp", "as_linop", "blocks", "make_generator", "is_objective"]
 
 
 def is_objective(obj: Any) -> bool:
-    """True for a :class:`landscape.Objective` (checked without importing it eagerly)."""
-    try:
-        from landscape.objective import Objective
-    except ImportError:  # objective module not available: duck-type on the contract
-        return all(hasattr(obj, a) for a in ("param_names", "num_params", "subset", "gradient"))
+    """True for a :class:`landscape.Objective`."""
     return isinstance(obj, Objective)
 
 
@@ -108,11 +106,7 @@ def as_linop(
     if isinstance(op, LinOp):
         return op
     if compile is not False:
-        from landscape.curvature.autocompile import auto_compile  # lazy: operators are optional here
-
         if is_objective(op):
-            from landscape.curvature.hessian import hessian
-
             op = hessian(op)
         op = auto_compile(op, products, compile)
     if isinstance(op, np.ndarray):
@@ -139,8 +133,6 @@ def as_linop(
         dev = getattr(op, "device", "cpu")
         return LinOp(op.matmat, shape[0], dtype, torch.device(dev), type(op).__name__, base=op)
     if is_objective(op):
-        from landscape.curvature.hessian import hessian  # lazy: the operator module is optional here
-
         return as_linop(hessian(op))
     raise TypeError(
         f"cannot use a {type(op).__name__} as a linear operator: pass an object with .shape, .dtype, "
@@ -213,8 +205,6 @@ def blocks(op: Any, per_layer: bool | Mapping[str, int]) -> dict[str, Any]:
         )
     names = list(obj.param_names)
     if is_objective(op):
-        from landscape.curvature.hessian import hessian
-
         return {n: hessian(obj.subset([n])) for n in names}
     base = op.base if isinstance(op, LinOp) else op
     if callable(getattr(base, "subset", None)):
