@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from experiments._moved import moved_names
+from landscape.deprecation import moved_names
 
 __all__ = ["autocast_context", "param_dtype"]
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import tomllib
 
-from experiments._moved import moved_names
+from landscape.deprecation import moved_names
 
 __all__ = [
     "CHOICES",

@@ -36,7 +36,6 @@ import numpy as np
 import torch
 
 from experiments import run_identity
-from experiments._moved import moved_names
 from experiments.checkpoint import check_checkpoint
 from experiments.config import ConfigError, resolve_config, set_key
 from experiments.data import check_splits
@@ -50,6 +49,7 @@ from experiments.run_lock import run_dir_lock
 from experiments.toml_writer import dumps
 from experiments.train import Trainer, check_model
 from landscape.data import CIFAR10C_ALL_CORRUPTIONS
+from landscape.deprecation import moved_names
 from landscape.io import atomic_write_json, atomic_write_text, read_json
 from landscape.models import available_models, model_factory
 from landscape.results import Result

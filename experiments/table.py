@@ -39,7 +39,7 @@ import numpy as np
 import tomllib
 
 from experiments import run_identity
-from experiments._moved import moved_names
+from landscape.deprecation import moved_names
 from landscape.io import atomic_write, atomic_write_text, read_json, to_jsonable
 
 __all__ = [

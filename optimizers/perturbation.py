@@ -57,7 +57,7 @@ import torch
 from torch import nn
 
 from landscape.checks import check_nonnegative
-from optimizers._deprecated import moved
+from landscape.deprecation import moved_names
 from optimizers.bn_state import bn_restore, bn_snapshot
 from optimizers.closure import ChunkClosure, accepts_chunk
 from optimizers.m_sharpness import (
@@ -74,7 +74,7 @@ __all__ = ["NORM_GUARD", "PerturbationOptimizer", "global_norm", "make_closure",
 
 NORM_GUARD = 1e-12  # added to ||g|| before dividing (official SAM code: 1e-12)
 #: names this module re-exported before; served with a DeprecationWarning for one release
-__getattr__ = moved(
+__getattr__ = moved_names(
     __name__, {"bn_update_disabled": "optimizers.bn_state", "chunk_norms": "optimizers.m_sharpness"}
 )
 

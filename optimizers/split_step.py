@@ -4,9 +4,9 @@
 This module goes in the next release.
 """
 
-from optimizers._deprecated import moved
+from landscape.deprecation import moved_names
 
-__getattr__ = moved(
+__getattr__ = moved_names(
     __name__,
     {
         "SplitStep": "optimizers.perturbation:PerturbationOptimizer",

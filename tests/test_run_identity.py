@@ -77,10 +77,10 @@ def _project_imports(rel: str) -> set[str]:
 
 
 def test_run_identity_is_a_leaf():
-    """It imports only the config resolution, which imports nothing of the project (no torch)."""
+    """It imports only the config resolution, which imports only the helper for moved names."""
     assert _project_imports("experiments/run_identity.py") == {"experiments.config"}
-    assert _project_imports("experiments/config.py") == {"experiments._moved"}
-    assert _project_imports("experiments/budget.py") == _project_imports("experiments/_moved.py") == set()
+    assert _project_imports("experiments/config.py") == {"landscape.deprecation"}
+    assert _project_imports("experiments/budget.py") == _project_imports("landscape/deprecation.py") == set()
 
 
 @pytest.mark.parametrize(

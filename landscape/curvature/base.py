@@ -301,7 +301,7 @@ class CurvatureOperator:
         if not _all_finite(V):
             raise ValueError(f"the block multiplied by the {self.name} operator contains NaN/inf entries")
         # Products run on private parameter copies and buffer copies (``objective.buffers()``), fill
-        # every module slot exactly once (``Objective._functional``) and never call ``.backward`` on
+        # every module slot exactly once (``Objective.call``) and never call ``.backward`` on
         # the model, so only the train/eval flags need restoring (every module's, also those the
         # forward switches itself): a full ``guard()`` snapshot per product would cost a copy of the
         # model every time.  Attention runs on the math SDPA backend (second-order AD, see above).
