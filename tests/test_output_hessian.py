@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from landscape.curvature.output_hessian import closed_form_kind, output_hessian
+from landscape.curvature.ggn import closed_form_kind, output_hessian
 
 F64 = torch.float64
 

@@ -3,8 +3,9 @@
 * ``base``: :class:`CurvatureOperator`, the one base class of every operator (the one loop over
   batches and column chunks), and :func:`product_kernels`, the kernels every product runs with;
 * ``hessian``, ``ggn``, ``fisher``: the Hessian (its engines: forward-over-reverse, double backward,
-  finite differences; ``graph_split``: its cached graph as sub-graphs), generalised Gauss-Newton,
-  empirical and Monte-Carlo Fisher operators (``output_space``: the ``J^T M J`` products they share);
+  finite differences; ``graph_split``: its cached graph as sub-graphs), generalised Gauss-Newton
+  (with the closed-form Hessians of common losses with respect to the network output), empirical
+  and Monte-Carlo Fisher operators (``output_space``: the ``J^T M J`` products they share);
 * ``memory``: ``max_memory=`` of every operator: blocks split into chunks of columns whose measured
   peak memory stays within a budget;
 * ``compiled``, ``autocompile``: products as one ``torch.compile`` graph, and ``compile="auto"`` of
@@ -12,7 +13,6 @@
 * ``linop``: what the spectral estimators accept (operators, dense matrices, objectives);
 * ``eigen``, ``trace``, ``density``: Lanczos eigenvalues, trace/diagonal estimators with error bars,
   and stochastic Lanczos quadrature (``xtrace``: XTrace's state, rank-deficient sketches included);
-* ``output_hessian``: closed-form Hessians of common losses with respect to the network output;
 * ``monitor``: :class:`CurvatureMonitor`, lambda_max (and the preconditioned sharpness of Adam)
   during training against the edge-of-stability threshold (``stability``: the thresholds and Adam's
   preconditioner).

@@ -8,7 +8,7 @@ product to ``torch.compile`` as one pure function of the parameters, the batch a
   Pearlmutter 1994, "Fast exact multiplication by the Hessian", Sec. 3), i.e.
   ``vmap(jvp(grad(l_b)))``;
 * GGN: ``G_b V = J_b^T H_out,b J_b V`` (Schraudolph 2002, "Fast curvature matrix-vector products",
-  eq. 8): ``vmap(jvp(f_b))``, the output Hessian of :func:`~landscape.curvature.output_hessian.
+  eq. 8): ``vmap(jvp(f_b))``, the output Hessian of :func:`~landscape.curvature.ggn.
   output_hessian` (closed form for cross-entropy/MSE/BCE, fixed at the operator's point) and
   ``vmap(vjp(f_b))`` in one traced graph, so the compiler can share the forward pass of the ``jvp``
   and the ``vjp``.
@@ -48,10 +48,9 @@ from torch.func import jvp, vjp, vmap
 
 from landscape.curvature.autotune import width_class
 from landscape.curvature.base import CurvatureOperator, math_attention
-from landscape.curvature.ggn import GGNOperator
+from landscape.curvature.ggn import GGNOperator, output_hessian
 from landscape.curvature.hessian import HessianOperator
 from landscape.curvature.memory import make_budget
-from landscape.curvature.output_hessian import output_hessian
 
 __all__ = ["CompiledOperator", "compile_operator"]
 
