@@ -33,7 +33,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import optimizers as O
 from landscape import metrics
+from landscape.io import atomic_write_json
+from optimizers.bayes import (
+    SWAG,
+    DeepEnsemble,
+    DiagLaplace,
+    FlatSGLD,
+    LastLayerLaplace,
+    f_mc_dropout,
+    f_swag,
+    sam_factory,
+    train_ensemble,
+)
+from optimizers.bayes.mc_dropout import mc_dropout_predict
+from optimizers.bayes.sgvb import convert_to_bayesian, elbo_loss, sgvb_predict
 
 __all__ = ["SUITE", "N_BINS", "load_data", "make_model", "ood_inputs", "methods", "train_one", "run_demo"]
 __all__ += ["format_table", "main"]
@@ -59,8 +74,6 @@ class Spec:
 
 def methods() -> dict[str, Spec]:
     """Every method of the demo, in table order."""
-    import optimizers as O
-    from optimizers.bayes import SWAG, FlatSGLD, f_mc_dropout, f_swag, sam_factory
 
     sgd = dict(lr=0.1, momentum=0.9, weight_decay=5e-4)
     p = lambda m: m.parameters()  # noqa: E731
@@ -173,8 +186,6 @@ def _fit(name, spec, model, opt, data, epochs, seed, batch_size, progress) -> fl
     """The training loop shared by the single-network methods; returns the last mini-batch loss."""
     from tqdm.auto import tqdm
 
-    from optimizers.bayes.sgvb import elbo_loss
-
     Xtr, ytr = data
     n = len(ytr)
     gen = torch.Generator().manual_seed(seed)
@@ -222,9 +233,6 @@ def train_one(
     ``predictive`` (how the probabilities were formed), ``probs`` / ``probs_ood`` (the predictive
     probabilities on the test and OOD inputs), ``train_loss``, ``seconds``, ``epochs``, ``seed``.
     """
-    from optimizers.bayes import DeepEnsemble, DiagLaplace, LastLayerLaplace, train_ensemble
-    from optimizers.bayes.mc_dropout import mc_dropout_predict
-    from optimizers.bayes.sgvb import convert_to_bayesian, sgvb_predict
 
     suite = methods()
     if name not in suite:
@@ -347,8 +355,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"digits, 64-64-10 tanh MLP, {epochs} epochs, seed {args.seed}; ECE with {N_BINS} bins; OOD: {OOD}")
     print(format_table(rows))
     if args.out:
-        from landscape.io import atomic_write_json
-
         plain = [{k: v for k, v in r.items() if k not in ("probs", "probs_ood")} for r in rows]
         atomic_write_json(args.out, {"epochs": epochs, "seed": args.seed, "n_bins": N_BINS, "results": plain})
     return 0

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import numpy as np
@@ -322,7 +323,9 @@ def test_error_subset_shapes(monkeypatch):
     assert len(Precision.subset((5, 5))) == 9 and Precision.subset((2, 7))[:3] == [(0, 0), (0, 3), (0, 6)]
     assert [ix[0] for ix in Precision.subset((20,))] == [0, 2, 5, 7, 10, 12, 14, 17, 19]
     assert Precision.subset((4,)) == [(0,), (1,), (2,), (3,)]
-    monkeypatch.setattr("landscape.curvature.memory.free_memory", lambda device: 2**30)
+    monkeypatch.setattr(
+        importlib.import_module("landscape.surface.budget"), "free_memory", lambda device: 2**30
+    )
     gpu = PointChunks(None, None, "vmap", "cuda")  # the GPU default: auto, half the free memory
     assert gpu.auto and gpu.budget == 2**29 and gpu.config()["budget_from"].startswith("default: 50%")
     cpu = PointChunks(None, None, "vmap", "cpu")

@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from landscape.curvature.memory import _mib, parse_budget, track_peak
+from landscape.curvature.memory import _mib, free_memory, parse_budget, track_peak
 
 __all__ = ["AUTO_MAX_POINTS", "PointChunks"]
 
@@ -113,8 +113,6 @@ class PointChunks:
             )
         else:
             if self.budget is None:
-                from landscape.curvature.memory import free_memory
-
                 self.budget = max(1, int(_DEFAULT_FRACTION * free_memory(self.device)))
                 self.budget_from = f"default: {_DEFAULT_FRACTION:.0%} of the free memory of {self.device}"
             self.width = 0  # not chosen yet

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from landscape.checks import check_int, check_positive, check_seed
+from landscape.curvature.eigen import eigenvalues
 
 __all__ = ["Direction", "DirectionSet", "random", "eigen", "pca", "between", "named_parameters_of"]
 
@@ -192,7 +193,6 @@ def eigen(
     if not _is_objective(obj):
         raise TypeError("eigen directions need a landscape.Objective (the Hessian of its loss)")
     check_positive("k", k, integer=True)
-    from landscape.curvature.eigen import eigenvalues  # lazy: the curvature core is optional here
 
     res = eigenvalues(obj, k=k, which=which, seed=seed, tol=tol, **kwargs)
     vecs = res.vectors

@@ -21,6 +21,7 @@ from torch import nn
 from landscape.checks import check_int, check_nonnegative
 from landscape.surface.curves import CURVES, Curve, curve_weights
 from landscape.surface.directions import Direction
+from landscape.surface.grid import surface
 from landscape.surface.paths import Tensors, _check_pair, _end_state, _make_objective, _tracked_bn
 
 __all__ = ["Plane", "curve_plane", "plane", "plane_directions"]
@@ -169,7 +170,6 @@ def curve_plane(curve: Curve, *, data: Any = None, **kwargs: Any) -> Plane:
 
 def _plane_on(obj, pa, pb, pc, *, kind=None, coords=None, grid=21, margin=0.25, normalize=False,
               bn_policy=None, n_curve=51, progress=False) -> Plane:  # fmt: skip
-    from landscape.surface.grid import surface
 
     if kind is not None and kind not in CURVES:
         raise ValueError(f"kind must be None or one of {CURVES}, got {kind!r}")

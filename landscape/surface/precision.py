@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from landscape.surface.evaluators import _bn_modules
+
 __all__ = ["PRECISIONS", "Precision", "precision_flags", "restored_flags"]
 
 PRECISIONS = ("float32", "tf32", "bf16")
@@ -214,7 +216,6 @@ class Precision:
         most ``width`` points) and compares with ``values``; the result is also kept in ``error``."""
         if not self.reduced:
             return None
-        from landscape.surface.evaluators import _bn_modules
 
         t0 = time.perf_counter()
         idx = self.subset([len(c) for c in cs])

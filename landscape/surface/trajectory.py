@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from landscape.checks import check_positive
+from landscape.surface.directions import _trajectory_matrix, named_parameters_of
 
 __all__ = ["TrajectoryRecorder", "Projection", "project"]
 
@@ -205,7 +206,6 @@ def project(
         :class:`Projection` with ``coords [T, k]`` and the residual norms (how far each point lies
         off the plane; zero for a trajectory inside it).
     """
-    from landscape.surface.directions import _trajectory_matrix, named_parameters_of
 
     mat, names, shapes = _trajectory_matrix(trajectory)
     D = _direction_matrix(directions, names, shapes)
