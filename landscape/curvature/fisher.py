@@ -211,7 +211,7 @@ class EmpiricalFisherOperator(OutputSpaceOperator):
                 g = vmap(func_grad(li), in_dims=(None, 0, 0), chunk_size=self.chunk_size)(self._theta, x, y)
                 return self._join(g, B)
             except Exception as err:  # noqa: BLE001 - unsupported by vmap: loop over examples
-                rec.pe_vmap, rec.vmap_error = False, short_error(err)
+                rec.pe_vmap, rec.pe_vmap_error = False, short_error(err)
         rows = []
         for i in range(B):
             xi = _map_inputs(x, lambda t, i=i: t[i])
