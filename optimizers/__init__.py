@@ -16,7 +16,7 @@ through :class:`optimizers.amp.LossScaler`.
 * :mod:`optimizers.posterior`: the diagonal-Gaussian posterior API and Bayesian model averaging.
 """
 
-from optimizers.amp import LossScaler, SkipStep
+from optimizers.amp import LossScaler, ScaleUnderflow, SkipStep
 from optimizers.bayes import MFVI, SWAG, AdamTracer, BayesianSAM, FlatSGLD, SGDTracer, f_swag
 from optimizers.bayes.ensembles import DeepEnsemble, train_ensemble
 from optimizers.bayes.flat_sgvb import FlatSGVB
@@ -50,4 +50,4 @@ __all__ = [
     "make_closure",
 ]
 __all__ += ["DeepEnsemble", "FlatSGVB", "convert_to_bayesian", "mc_dropout_predict", "train_ensemble"]
-__all__ += ["IVON", "VOGN", "DiagLaplace", "LastLayerLaplace", "LossScaler", "SkipStep"]
+__all__ += ["IVON", "VOGN", "DiagLaplace", "LastLayerLaplace", "LossScaler", "ScaleUnderflow", "SkipStep"]

@@ -13,7 +13,11 @@ the scaler moves the weights exactly as one without it: ``tests/test_amp_public.
 
 On overflow :meth:`LossScaler.unscale_` raises :class:`SkipStep`; every optimizer of the suite
 restores its parameters when the closure raises, so :meth:`LossScaler.step` skips the update, as
-``GradScaler`` does, and lowers the scale. Usage::
+``GradScaler`` does, and lowers the scale. Unlike ``GradScaler`` the scale has bounds: a backoff
+below ``min_scale`` (default 1) raises :class:`ScaleUnderflow` -- gradients non-finite at every
+scale come from a NaN/inf loss or a diverged model, and skipping would go on forever (the runner
+records the run as diverged) -- and growth stops at ``2**127``. Settings and loaded state dicts are
+validated (a NaN, infinite or zero scale is refused). Usage::
 
     scaler = LossScaler()
     def forward():                       # the loss of the batch, forward only
@@ -28,16 +32,27 @@ For loops that run the passes themselves (gradient clipping, other trainers), se
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["LossScaler", "SkipStep"]
+from landscape.checks import ArgumentTypeError, check_int, check_range
+
+__all__ = ["MAX_SCALE", "LossScaler", "ScaleUnderflow", "SkipStep"]
+
+
+#: The largest loss scale: the largest power of two below the float32 maximum.
+MAX_SCALE = 2.0**127
 
 
 class SkipStep(Exception):
     """A scaled gradient overflowed: the step is skipped and the scale lowered."""
+
+
+class ScaleUnderflow(FloatingPointError):
+    """The scale would fall below ``min_scale``: the gradients are non-finite at every scale."""
 
 
 class LossScaler:
@@ -45,7 +60,11 @@ class LossScaler:
 
     Args:
         enabled: ``False`` makes every method a no-op (scale 1).
-        init_scale, growth_factor, backoff_factor, growth_interval: as ``torch.amp.GradScaler``.
+        init_scale, growth_factor, backoff_factor, growth_interval: as ``torch.amp.GradScaler``
+            (finite; the scale stays in ``[min_scale, 2**127]``).
+        min_scale: the smallest scale a backoff may reach; below it :meth:`update` raises
+            :class:`ScaleUnderflow` instead of skipping forever (default 1: float16 gradients that
+            overflow unscaled mean a NaN/inf loss or a diverged model).
     """
 
     def __init__(
@@ -55,17 +74,27 @@ class LossScaler:
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
+        min_scale: float = 1.0,
     ) -> None:
-        if init_scale <= 0 or growth_factor < 1 or not 0 < backoff_factor < 1 or growth_interval < 1:
+        if not isinstance(enabled, bool):
+            raise ArgumentTypeError(f"LossScaler: enabled must be True or False, got {enabled!r}")
+        self.enabled = enabled
+        self.growth_factor = check_range("LossScaler: growth_factor", growth_factor, 1.0, MAX_SCALE)
+        self.backoff_factor = check_range(
+            "LossScaler: backoff_factor", backoff_factor, 0.0, 1.0, low_open=True, high_open=True
+        )
+        self.growth_interval = check_int("LossScaler: growth_interval", growth_interval, minimum=1)
+        self.min_scale = check_range("LossScaler: min_scale", min_scale, 0.0, MAX_SCALE, low_open=True)
+        init = check_range("LossScaler: init_scale", init_scale, 0.0, MAX_SCALE, low_open=True)
+        if enabled and init < self.min_scale:
             raise ValueError(
-                "need init_scale > 0, growth_factor >= 1, 0 < backoff_factor < 1, growth_interval >= 1"
+                f"LossScaler: init_scale ({init:g}) is below min_scale ({self.min_scale:g}); "
+                "raise init_scale or lower min_scale"
             )
-        self.enabled = bool(enabled)
-        self.scale = float(init_scale) if enabled else 1.0
-        self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
-        self.growth_interval = int(growth_interval)
+        self.scale = init if enabled else 1.0
         self.good_steps = 0
         self.skipped = 0
+        self._warned_ceiling = False
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale if self.enabled else loss
@@ -127,18 +156,47 @@ class LossScaler:
 
     def update(self, skipped: bool) -> None:
         """After every step (:meth:`step` calls it): halve the scale after an overflow, double it
-        after ``growth_interval`` clean steps."""
+        after ``growth_interval`` clean steps.
+
+        A backoff below ``min_scale`` raises :class:`ScaleUnderflow` (the scale is left as it was):
+        gradients that are non-finite at every scale down to ``min_scale`` come from a NaN/inf
+        loss or model, not from float16 overflow, and skipping would go on forever. Growth stops
+        at :data:`MAX_SCALE` (``2**127``, the largest power of two below the float32 maximum) with
+        one warning."""
+        if not isinstance(skipped, bool):
+            raise ArgumentTypeError(f"LossScaler.update: skipped must be True or False, got {skipped!r}")
         if not self.enabled:
             return
         if skipped:
-            self.scale *= self.backoff_factor
+            lowered = self.scale * self.backoff_factor
+            if lowered < self.min_scale:
+                raise ScaleUnderflow(
+                    f"loss scale would fall to {lowered:g}, below min_scale={self.min_scale:g} "
+                    f"({self.skipped + 1} skipped steps in all): the gradients are non-finite at "
+                    "every scale tried, so the loss or the model produces NaN/inf (check the data "
+                    "and lower the learning rate); pass a smaller min_scale only if the float16 "
+                    "gradients really need a scale this small"
+                )
+            self.scale = lowered
             self.good_steps = 0
             self.skipped += 1
             return
         self.good_steps += 1
         if self.good_steps >= self.growth_interval:
-            self.scale *= self.growth_factor
             self.good_steps = 0
+            grown = self.scale * self.growth_factor
+            if grown > MAX_SCALE:
+                if not self._warned_ceiling:
+                    warnings.warn(
+                        f"LossScaler: the loss scale stays at {self.scale:g}: growing it by "
+                        f"growth_factor={self.growth_factor:g} would pass the ceiling 2**127 "
+                        "(a larger scale overflows every float32 loss)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    self._warned_ceiling = True
+                return
+            self.scale = grown
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -149,9 +207,26 @@ class LossScaler:
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.enabled = bool(sd["enabled"])
-        self.scale, self.good_steps, self.skipped = (
-            float(sd["scale"]),
-            int(sd["good_steps"]),
-            int(sd["skipped"]),
-        )
+        """Restore a :meth:`state_dict`; a dict that is not one (missing or unknown keys, a scale
+        that is not a finite number in ``[min_scale, 2**127]``, negative counters) is refused and
+        the scaler left unchanged."""
+        keys = {"enabled", "scale", "good_steps", "skipped"}
+        if not isinstance(sd, Mapping) or set(sd) != keys:
+            got = sorted(sd) if isinstance(sd, Mapping) else type(sd).__name__
+            raise ValueError(
+                f"LossScaler.load_state_dict: expected a dict with keys {sorted(keys)} (from "
+                f"LossScaler.state_dict()), got {got}"
+            )
+        if not isinstance(sd["enabled"], bool):
+            raise ArgumentTypeError(
+                f"LossScaler.load_state_dict: 'enabled' must be True or False, got {sd['enabled']!r}"
+            )
+        scale = check_range("LossScaler.load_state_dict: 'scale'", sd["scale"], 0.0, MAX_SCALE, low_open=True)
+        if sd["enabled"] and scale < self.min_scale:
+            raise ValueError(
+                f"LossScaler.load_state_dict: 'scale' {scale:g} is below this scaler's min_scale "
+                f"{self.min_scale:g}; construct the scaler with a smaller min_scale to load it"
+            )
+        good = check_int("LossScaler.load_state_dict: 'good_steps'", sd["good_steps"], minimum=0)
+        skipped = check_int("LossScaler.load_state_dict: 'skipped'", sd["skipped"], minimum=0)
+        self.enabled, self.scale, self.good_steps, self.skipped = sd["enabled"], scale, good, skipped
