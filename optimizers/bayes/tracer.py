@@ -183,7 +183,11 @@ class TracerBase(torch.optim.Optimizer):
         return [p for g in self.param_groups for p in g["params"] if p.grad is not None]
 
     def _call(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
-        with torch.enable_grad():
+        # torch warns that backward(create_graph=True) ties each parameter to its .grad in a
+        # reference cycle; the step breaks it (every .grad is detached before it returns), so the
+        # warning the closure's double-backward convention triggers says nothing to the user
+        with torch.enable_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Using backward\(\) with create_graph=True")
             return check_closure_loss(closure(), type(self).__name__)
 
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:  # type: ignore[override]
