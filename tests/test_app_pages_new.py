@@ -320,9 +320,14 @@ def test_monitor_changed_widgets_against_dense_hessian():
 
     model, x, y = initial_problem(hidden=8, n_train=128, seed=0)
     assert hist[0]["lambda_max"] == pytest.approx(_dense_top_eigenvalue(model, x, y), rel=1e-3)
-    # the training-loss curve: the full-batch loss before each step, the first at the initial weights
+    # the training-loss curve: the full-batch loss after s updates at x = s (0: the initial weights),
+    # the step convention of the checks table: each check's loss lies on the curve
     loss_spec = next(c for c in _charts(at) if c["layout"]["yaxis"]["title"]["text"] == "training loss")
     assert _arr(loss_spec["data"][0]["y"]).tolist() == run.losses
+    assert _arr(loss_spec["data"][0]["x"]).tolist() == list(range(21))
+    table = _frame(at, 0)
+    for step, loss in zip(table["step"], table["loss"]):
+        assert run.losses[step] == pytest.approx(loss, rel=1e-6)
     with torch.no_grad():
         assert run.losses[0] == pytest.approx(
             float(torch.nn.functional.cross_entropy(model(x), y)), rel=1e-12
@@ -339,7 +344,8 @@ def test_monitor_changed_widgets_against_dense_hessian():
 
 def _monitor_directly(lr: float, steps: int, every: int, n: int, sizes: list[int]):
     """Full-batch GD with MSE on one-hot digits targets and ``CurvatureMonitor``, written with the
-    library only (as docs/make_eos_figure.py does): ``(steps, lambda_max, losses)``."""
+    library only (as docs/make_eos_figure.py does): ``(steps, lambda_max, losses)``, ``losses[s]``
+    after ``s`` steps."""
     import landscape as ls
     from landscape.curvature.monitor import CurvatureMonitor
 
@@ -356,7 +362,9 @@ def _monitor_directly(lr: float, steps: int, every: int, n: int, sizes: list[int
     finally:
         torch.set_num_threads(threads)
     st, lam = mon.result().series("lambda_max")
-    return st, lam, hist["loss"]
+    with torch.no_grad():  # train's losses are before each step: the final weights' loss last
+        final = float(torch.nn.MSELoss()(model(x), y))
+    return st, lam, [*hist["loss"], final]
 
 
 def test_monitor_edge_of_stability_preset():

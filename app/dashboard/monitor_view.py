@@ -71,7 +71,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 
 @dataclass
 class MonitorRun:
-    """One monitored training run: the monitor's result and the full-batch loss at every step."""
+    """One monitored training run: the monitor's result and ``losses[s]``, the full-batch loss
+    after ``s`` updates (``steps + 1`` values; a check at step ``s`` is at the same weights)."""
 
     result: MonitorResult
     losses: list[float]
@@ -207,6 +208,8 @@ def _train(
         monitor.step(model, step, losses[-1])
         if on_step is not None:
             on_step(step / steps)
+    with torch.no_grad():  # the loss at the final weights: losses[s] is the loss after s updates
+        losses.append(float(loss_fn(model(x), y)))
     config = {
         "lr": lr,
         "steps": steps,
@@ -247,10 +250,11 @@ def sharpness_figure(run: MonitorRun) -> go.Figure:
 
 
 def loss_figure(run: MonitorRun) -> go.Figure:
-    """The full-batch training loss before each step (log scale)."""
+    """The full-batch training loss after ``step`` updates (step 0: the initial weights; log
+    scale): the step convention of the monitor's checks, so each check's loss is on the curve."""
     fig = go.Figure(
         go.Scatter(
-            x=list(range(1, len(run.losses) + 1)),
+            x=list(range(len(run.losses))),
             y=run.losses,
             mode="lines",
             name="GD",
