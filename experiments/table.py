@@ -3,7 +3,8 @@ variant), as Markdown, CSV or JSON, next to the paper's numbers when the config 
 table, and a bar chart with error bars.
 
 The standard deviation is the sample standard deviation over seeds (``numpy.std(ddof=1)``, the
-``n - 1`` denominator); with one seed it is undefined and shown as ``nan`` / left out.
+``n - 1`` denominator); with one seed it is undefined: the Markdown cell is the mean alone, the CSV
+cell is empty and JSON has ``NaN``.
 
 Grouping rule (:func:`group_runs`): runs are pooled under one row only when they share the
 variant, the method and every result-relevant key of their ``config.toml`` except the seed
@@ -18,6 +19,19 @@ reported and only the first (in path order) is averaged.
 Diverged runs (``"status": "diverged"`` in ``metrics.json``; the ``divergence`` of their
 ``results.json``) are not averaged: each row counts them (``diverged``: "1 of 3") and lists them;
 a row whose runs all diverged has no numbers, only the count.
+
+Non-finite and missing metrics are told apart. A metric a completed run has but that is NaN or
++-inf (``NaN`` / ``Infinity`` in ``metrics.json``; the legacy strings ``"nan"`` / ``"inf"`` too) is
+*non-finite*: it is not dropped, so the row's mean is non-finite as well (NaN, or +-inf when every
+non-finite member is that infinity), its cell reads ``nan (non-finite in seed 1)`` and a note names
+each such run (group, seed, directory) and its metrics. A metric the run does not have at all was
+*not computed*: ``–`` when no run of the row has it (e.g. ``bma_*`` of a non-Bayesian method),
+``– (missing in seed 2)`` plus a note when only some runs lack it (no mean: as before, the row's
+mean needs every seed). :func:`format_cell` is the rule for one cell (the dashboard uses it too);
+in CSV a non-finite value is written ``nan`` / ``inf`` / ``-inf``, a value that was not computed or
+is undefined (the std of one seed) is left empty, and ``nonfinite`` / ``missing`` columns name the
+runs; JSON keeps ``None`` for a missing value and ``NaN`` / ``Infinity`` for a non-finite one in
+``values``, with the runs under ``nonfinite`` / ``missing``.
 
 ``[paper]`` table of a config: ``source`` (a citation), ``percent`` (metrics the paper prints in
 percent: ours are shown times 100 in those columns) and one sub-table per metric mapping a group
@@ -45,6 +59,7 @@ from landscape.io import atomic_write, atomic_write_text, read_json, to_jsonable
 __all__ = [
     "aggregate",
     "collect_runs",
+    "format_cell",
     "format_table",
     "group_runs",
     "plot_table",
@@ -238,6 +253,26 @@ def _diverged_record(row: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
+#: legacy spellings of non-finite numbers in older metrics files (read as the floats)
+_NONFINITE_STRINGS = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
+_NONFINITE_STRINGS |= {"infinity": math.inf, "+infinity": math.inf, "-infinity": -math.inf}
+
+
+def _metric_value(row: dict[str, Any], metric: str) -> float | None:
+    """A run's metric as a float, NaN and +-inf kept; ``None`` when the run has none."""
+    v = row.get(metric)
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str) and v.strip().lower() in _NONFINITE_STRINGS:
+        return _NONFINITE_STRINGS[v.strip().lower()]
+    return None
+
+
+def _token(x: float) -> str:
+    """``nan``, ``inf`` or ``-inf``."""
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
 def aggregate(
     rows: list[dict[str, Any]], metrics: Sequence[str] | None = None, *, strict: bool = False
 ) -> list[dict[str, Any]]:
@@ -246,7 +281,10 @@ def aggregate(
     runs averaged; ``runs`` (all runs of the group), ``diverged`` (how many of them diverged),
     ``diverged_runs`` (``dir``, ``seed``, ``step``, ``epoch``, ``loss``, ``reference_loss``,
     ``reason``), ``dirs``; ``mean`` / ``std`` (ddof=1) / ``values`` per metric over the completed
-    runs (nan without any)."""
+    runs (nan without any; a value is ``None`` where the run has no such metric, and NaN / +-inf
+    where it has a non-finite one, which makes the mean non-finite too); ``nonfinite``: metric ->
+    the runs (``seed``, ``dir``, ``value``) whose value is non-finite; ``missing``: metric -> the
+    runs (``seed``, ``dir``) without it, for metrics that other runs of the group have."""
     if metrics is None:
         metrics = []
         for r in rows:
@@ -271,25 +309,42 @@ def aggregate(
             "mean": {},
             "std": {},
             "values": {},
+            "nonfinite": {},
+            "missing": {},
             "paper": g["rows"][0].get("_paper", {}),
         }
         for m in metrics:
-            vals = [float(r[m]) if isinstance(r.get(m), (int, float)) else math.nan for r in done]
-            arr = np.asarray(vals, dtype=np.float64)
+            vals = [_metric_value(r, m) for r in done]
+            arr = np.asarray([math.nan if v is None else v for v in vals], dtype=np.float64)
             entry["values"][m] = vals
-            entry["mean"][m] = float(arr.mean()) if len(arr) else math.nan
-            entry["std"][m] = float(arr.std(ddof=1)) if len(arr) > 1 else math.nan
+            with np.errstate(invalid="ignore"):  # inf - inf: the NaN is the answer
+                entry["mean"][m] = float(arr.mean()) if len(arr) else math.nan
+                entry["std"][m] = float(arr.std(ddof=1)) if len(arr) > 1 else math.nan
+            bad = [
+                {"seed": r.get("seed"), "dir": r.get("_dir", ""), "value": v}
+                for r, v in zip(done, vals)
+                if v is not None and not math.isfinite(v)
+            ]
+            if bad:
+                entry["nonfinite"][m] = bad
+            absent = [
+                {"seed": r.get("seed"), "dir": r.get("_dir", "")} for r, v in zip(done, vals) if v is None
+            ]
+            if absent and len(absent) < len(done):
+                entry["missing"][m] = absent
         out.append(entry)
     return out
 
 
-_NOTE_KINDS = ("settings", "config", "duplicates", "diverged")
+_NOTE_KINDS = ("settings", "config", "duplicates", "diverged", "nonfinite", "missing")
 
 
 def table_notes(entries: list[dict[str, Any]], kinds: Sequence[str] = _NOTE_KINDS) -> list[str]:
     """The lines a table needs under it, of the ``kinds`` asked for: ``settings``, the keys in which
     runs of one method differ (one line); ``config``, runs without ``config.toml``; ``duplicates``,
-    repeated seeds (with their directories); ``diverged``, one line per diverged run."""
+    repeated seeds (with their directories); ``diverged``, one line per diverged run;
+    ``nonfinite``, one line per run with a NaN / inf metric (its group, seed, metrics, directory);
+    ``missing``, one line per metric that some runs of a group lack and others have."""
     notes = []
     differing: list[str] = []
     for e in entries:
@@ -320,6 +375,25 @@ def table_notes(entries: list[dict[str, Any]], kinds: Sequence[str] = _NOTE_KIND
             why += f" ({d['detail']})" if d.get("detail") else ""
             run = f"{e['group']} seed {d['seed']} {d['status']}{where}{why}"
             notes.append(f"{run}; not averaged ({d['dir']})")
+    for e in entries if "nonfinite" in kinds else []:
+        runs: dict[str, tuple[Any, list[str]]] = {}
+        for m, bad in e.get("nonfinite", {}).items():
+            for b in bad:
+                runs.setdefault(b["dir"], (b["seed"], []))[1].append(f"{m} = {_token(b['value'])}")
+        for d, (seed, what) in runs.items():
+            these = "this metric" if len(what) == 1 else "these metrics"
+            notes.append(
+                f"{e['group']} seed {seed} has a non-finite {', '.join(what)} ({d}); the row's mean of "
+                f"{these} is non-finite: the run is kept, not left out"
+            )
+    for e in entries if "missing" in kinds else []:
+        for m, absent in e.get("missing", {}).items():
+            seeds = ", ".join(str(a["seed"]) for a in absent)
+            dirs = ", ".join(a["dir"] for a in absent)
+            notes.append(
+                f"{e['group']}: {m} is missing in seed(s) {seeds} ({dirs}) while the row's other runs "
+                "have it: no mean"
+            )
     return notes
 
 
@@ -346,18 +420,62 @@ def _cell(mean: float, std: float) -> str:
     return f"{mean:.4g} ± {std:.2g}"
 
 
+def _seed_list(runs: list[dict[str, Any]], n: int) -> str:
+    if len(runs) > 3:
+        return f"{len(runs)} of {n} seeds"
+    return ("seed " if len(runs) == 1 else "seeds ") + ", ".join(str(r["seed"]) for r in runs)
+
+
+def format_cell(entry: dict[str, Any], metric: str, scale: float = 1.0) -> str:
+    """The table cell of ``metric`` in an :func:`aggregate` entry (its values times ``scale``):
+    ``mean ± std`` (the mean alone for one seed); ``nan (non-finite in seed 1)`` (or ``inf`` /
+    ``-inf``, the row's mean) when a run's value is non-finite; ``–`` when no run has the metric;
+    ``– (missing in seed 2)`` when some runs lack it."""
+    mean = entry.get("mean", {}).get(metric, math.nan)
+    bad = entry.get("nonfinite", {}).get(metric)
+    if bad:
+        return f"{_token(mean)} (non-finite in {_seed_list(bad, entry.get('n', len(bad)))})"
+    absent = entry.get("missing", {}).get(metric)
+    if absent:
+        return f"– (missing in {_seed_list(absent, entry.get('n', len(absent)))})"
+    return _cell(mean * scale, entry.get("std", {}).get(metric, math.nan) * scale)
+
+
+def _csv_cell(entry: dict[str, Any], metric: str, stat: str) -> str:
+    """``repr`` of a finite mean / std; ``nan`` / ``inf`` / ``-inf`` when a run's value is
+    non-finite; empty when nothing was computed (no such metric, a missing seed, one seed's std)."""
+    x = entry[stat][metric]
+    if math.isfinite(x):
+        return repr(x)
+    if entry.get("nonfinite", {}).get(metric) and (stat == "mean" or entry["n"] > 1):
+        return _token(x)
+    return ""
+
+
+def _csv_runs(entry: dict[str, Any], kind: str) -> str:
+    parts = []
+    for m, runs in entry.get(kind, {}).items():
+        for r in runs:
+            what = f"{m}={_token(r['value'])}" if kind == "nonfinite" else m
+            parts.append(f"{what} seed {r['seed']} ({r['dir']})")
+    return "; ".join(parts)
+
+
 def _diverged_cell(entry: dict[str, Any]) -> str:
     return f"{entry.get('diverged', 0)} of {entry.get('runs', entry['n'])}"
 
 
 def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
     """The aggregated table as ``markdown``, ``csv`` or ``json`` text. A ``diverged`` column
-    ("1 of 3") appears when a run diverged; Markdown ends with :func:`table_notes`."""
+    ("1 of 3") appears when a run diverged; Markdown ends with :func:`table_notes`; cells follow
+    :func:`format_cell` (non-finite and missing metrics, see the module docstring), and CSV gains
+    ``nonfinite`` / ``missing`` columns naming the runs when any has such a metric."""
     if fmt == "json":
         return json.dumps(to_jsonable([{k: v for k, v in e.items()} for e in entries]), indent=2) + "\n"
     metrics = list(entries[0]["mean"]) if entries else []
     with_paper = [m for m in metrics if any(_paper_value(e, m) for e in entries)]
     any_diverged = any(e.get("diverged") for e in entries)
+    flagged = [k for k in ("nonfinite", "missing") if any(e.get(k) for e in entries)]
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
@@ -368,6 +486,7 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
                 *(["diverged", "runs"] if any_diverged else []),
                 *[f"{m}_{s}" for m in metrics for s in ("mean", "std")],
                 *[f"{m}_paper" for m in with_paper],
+                *flagged,
             ]
         )
         for e in entries:
@@ -376,8 +495,9 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
                     e["group"],
                     e["n"],
                     *([e.get("diverged", 0), e.get("runs", e["n"])] if any_diverged else []),
-                    *[repr(e[s][m]) for m in metrics for s in ("mean", "std")],
+                    *[_csv_cell(e, m, s) for m in metrics for s in ("mean", "std")],
                     *[_paper_value(e, m) for m in with_paper],
+                    *[_csv_runs(e, k) for k in flagged],
                 ]
             )
         return buf.getvalue()
@@ -394,7 +514,7 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
         cells = [e["group"], str(e["n"]), *([_diverged_cell(e)] if any_diverged else [])]
         for m in metrics:
             s = _scale(e, m)
-            cells.append(_cell(e["mean"][m] * s, e["std"][m] * s))
+            cells.append(format_cell(e, m, s))
             if m in with_paper:
                 cells.append(_paper_value(e, m) or "–")
         lines.append("| " + " | ".join(cells) + " |")
@@ -402,6 +522,8 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
     foot = ["", "mean ± sample standard deviation over seeds (ddof = 1)"]
     if any_diverged:
         foot[-1] += "; diverged runs are counted, not averaged"
+    if "nonfinite" in flagged:
+        foot[-1] += "; nan / inf: a run's value is not finite (see the notes), – : not computed"
     foot += [f"paper: {n}" for n in sources]
     foot += [f"note: {n}" for n in table_notes(entries)]
     return "\n".join(lines + foot) + "\n"
@@ -410,7 +532,8 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
 def plot_table(entries: list[dict[str, Any]], path: str | Path, metrics: Sequence[str] | None = None) -> Path:
     """Bar chart (one panel per metric, one bar per group, error bars = std over seeds) as PNG.
     Diverged runs are not in the bars; their count is under the group's name, and a group whose
-    runs all diverged has no bar, only the word "diverged"."""
+    runs all diverged has no bar, only the word "diverged". A non-finite mean (a run's NaN / inf
+    value) has no bar either, only ``nan`` / ``inf`` in red."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -426,13 +549,16 @@ def plot_table(entries: list[dict[str, Any]], path: str | Path, metrics: Sequenc
         f"{e['group']}\n({_diverged_cell(e)} diverged)" if e.get("diverged") else e["group"] for e in entries
     ]
     for ax, m in zip(axes.flat, metrics):
-        shown = [i for i, e in enumerate(entries) if not math.isnan(e["mean"][m])]
+        shown = [i for i, e in enumerate(entries) if math.isfinite(e["mean"][m])]
         means = [entries[i]["mean"][m] for i in shown]
         stds = [0.0 if math.isnan(entries[i]["std"][m]) else entries[i]["std"][m] for i in shown]
         ax.bar(shown, means, yerr=stds, capsize=4, color=f"C{metrics.index(m) % 10}")
         for i, e in enumerate(entries):
             if e["n"] == 0 and e.get("diverged"):
                 ax.text(i, 0, "diverged", rotation=90, ha="center", va="bottom", fontsize=8, color="0.3")
+            elif e.get("nonfinite", {}).get(m):
+                tok = _token(e["mean"][m])
+                ax.text(i, 0, tok, rotation=90, ha="center", va="bottom", fontsize=8, color="tab:red")
         ax.set_xlim(-0.6, len(entries) - 0.4)
         ax.set_xticks(range(len(entries)), labels, rotation=30, ha="right", fontsize=8)
         ax.set_title(m, fontsize=10)

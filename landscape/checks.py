@@ -25,6 +25,7 @@ import torch
 __all__ = [
     "ArgumentTypeError",
     "available_bytes",
+    "check_budget",
     "check_choice",
     "check_finite",
     "check_int",
@@ -150,6 +151,21 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     if not ok or _is_bool(value) and not any(c is value for c in choices):
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
     return value
+
+
+def check_budget(name: str, value: Any, minimum: int, *, who: str, why: str, fix: str | None = None) -> int:
+    """A count (products, samples, steps) of at least the ``minimum`` that ``who`` can use.
+
+    The one rule for every estimator's budget: an integer (:class:`ArgumentTypeError` otherwise)
+    and ``>= minimum``, else ``ValueError("{who} needs {name} >= {minimum} (got {value}): {why};
+    {fix}")`` -- the problem, the value given, the smallest value that works and the fix (default
+    ``pass {name} >= {minimum}``).  Returns the value as an ``int``.
+    """
+    check_number(name, value, integer=True)
+    if int(value) < minimum:
+        fix = fix if fix is not None else f"pass {name} >= {minimum}"
+        raise ValueError(f"{who} needs {name} >= {minimum} (got {value!r}): {why}; {fix}")
+    return int(value)
 
 
 def check_seed(seed: Any, name: str = "seed", *, allow_generator: bool = True) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tomllib
 
+from experiments.table import aggregate, collect_runs, table_notes
 from experiments.toml_writer import dumps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,3 +191,21 @@ def test_another_directory_resets_the_selections(two_experiments, tmp_path):
     _no_errors(at)
     runs = at.multiselect(key=runs_key)
     assert len(runs.value) == 13 and runs.value == runs.options  # back: all runs again, not the two
+
+
+def test_cells_are_the_table_cells_nan_is_not_missing(tmp_path):
+    """A NaN metric of one seed is shown as the table shows it (experiments.table.format_cell), not
+    as "–", and the caption's "no such metric" is only said of metrics no run has."""
+    acc = {0: 0.91, 1: 0.87}
+    for seed, nll in ((0, 0.31), (1, float("nan"))):
+        d = tmp_path / "sgd" / f"seed{seed}"
+        d.mkdir(parents=True)
+        row = {"method": "sgd", "seed": seed, "variant": "", "accuracy": acc[seed], "nll": nll}
+        (d / "metrics.json").write_text(json.dumps(row))
+    entries = aggregate(collect_runs([tmp_path]), ["accuracy", "nll", "bma_nll"])
+    [row] = eg.display_rows(entries)
+    assert row["nll"] == "nan (non-finite in seed 1)" and row["bma_nll"] == "–"
+    assert row["accuracy"] == f"{np.mean([0.91, 0.87]):.4g} ± {np.std([0.91, 0.87], ddof=1):.2g}"
+    assert "no such metric" not in eg.table_caption(entries, 2, ["accuracy", "nll"])
+    assert "no such metric" in eg.table_caption(entries, 2, ["bma_nll"])
+    assert any("sgd seed 1 has a non-finite nll = nan" in n for n in table_notes(entries, ("nonfinite",)))

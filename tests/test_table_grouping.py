@@ -260,3 +260,85 @@ def test_run_settings_leave_out_what_does_not_change_results():
     assert s["train.lr"] == 0.2 and s["methods.sam.optimizer"] == "sam"
     for key in ("name", "seeds", "out_dir", "device", "threads", "progress", "paper", "train.min_lr"):
         assert key not in s
+
+
+# ---------------------------------------------------------------- non-finite vs missing metrics
+def _rows(tmp_path, per_seed: dict[int, dict]) -> tuple[list[dict], dict[int, Path]]:
+    dirs = {s: _run(tmp_path, m, seed=s) for s, m in per_seed.items()}
+    return collect_runs([tmp_path]), dirs
+
+
+def test_a_nan_seed_is_shown_as_nan_and_named_not_as_missing(tmp_path):
+    rows, dirs = _rows(
+        tmp_path,
+        {0: _m(0), 1: {"accuracy": ACC[1], "nll": math.nan}, 2: _m(2)},
+    )
+    [e] = aggregate(rows, ["accuracy", "nll", "bma_nll"])  # bma_nll: no run has it, "not computed"
+    # accuracy untouched: numpy on the values written
+    acc = np.array([ACC[s] for s in (0, 1, 2)])
+    assert e["mean"]["accuracy"] == pytest.approx(np.mean(acc), rel=1e-15)
+    # the NaN is kept: the mean is NaN, the run is named, and None marks "not computed"
+    assert math.isnan(e["mean"]["nll"]) and math.isnan(e["values"]["nll"][1])
+    assert e["values"]["nll"][0] == NLL[0] and e["values"]["bma_nll"] == [None, None, None]
+    [bad] = e["nonfinite"]["nll"]
+    assert (bad["seed"], bad["dir"], math.isnan(bad["value"])) == (1, str(dirs[1]), True)
+    assert "bma_nll" not in e["nonfinite"] and e["missing"] == {}  # missing everywhere: no note
+    md = format_table([e])
+    assert "| sgd | 3 | 0.8667 ± 0.045 | nan (non-finite in seed 1) | – |" in md
+    notes = [li for li in md.splitlines() if li.startswith("note:")]
+    assert notes == [
+        f"note: sgd seed 1 has a non-finite nll = nan ({dirs[1]}); the row's mean of this metric is "
+        "non-finite: the run is kept, not left out"
+    ]
+    table = list(csv.reader(io.StringIO(format_table([e], "csv"))))
+    head, row = table
+    cell = dict(zip(head, row))
+    assert cell["accuracy_mean"] == repr(float(np.mean(acc)))
+    assert cell["nll_mean"] == "nan" and cell["nll_std"] == "nan"
+    assert cell["bma_nll_mean"] == "" and cell["bma_nll_std"] == ""  # not computed: empty
+    assert cell["nonfinite"] == f"nll=nan seed 1 ({dirs[1]})" and "missing" not in head
+    [j] = json.loads(format_table([e], "json"))  # Python's json reads NaN
+    assert math.isnan(j["values"]["nll"][1]) and j["values"]["bma_nll"] == [None, None, None]
+    assert j["nonfinite"]["nll"][0]["seed"] == 1 and j["nonfinite"]["nll"][0]["dir"] == str(dirs[1])
+    png = plot_table([e], tmp_path / "t.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_infinite_values_and_their_mean(tmp_path):
+    rows, dirs = _rows(
+        tmp_path,
+        {0: {"a": 1.0, "b": 1.0}, 1: {"a": math.inf, "b": math.inf}, 2: {"a": 2.0, "b": -math.inf}},
+    )
+    [e] = aggregate(rows)
+    assert e["mean"]["a"] == math.inf and math.isnan(e["mean"]["b"])  # inf - inf: NaN
+    md = format_table([e])
+    assert "| sgd | 3 | inf (non-finite in seed 1) | nan (non-finite in seeds 1, 2) |" in md
+    assert f"note: sgd seed 1 has a non-finite a = inf, b = inf ({dirs[1]}); the row's mean of these" in md
+    assert f"note: sgd seed 2 has a non-finite b = -inf ({dirs[2]})" in md
+    cell = dict(zip(*csv.reader(io.StringIO(format_table([e], "csv")))))
+    assert (cell["a_mean"], cell["b_mean"]) == ("inf", "nan")
+    want = f"a=inf seed 1 ({dirs[1]}); b=inf seed 1 ({dirs[1]}); b=-inf seed 2 ({dirs[2]})"
+    assert cell["nonfinite"] == want
+
+
+def test_legacy_nan_string_is_non_finite_and_one_seed_std_is_not(tmp_path):
+    rows, dirs = _rows(tmp_path, {0: {"a": "nan", "b": 0.5}})
+    [e] = aggregate(rows)
+    assert e["nonfinite"]["a"][0]["dir"] == str(dirs[0]) and math.isnan(e["mean"]["a"])
+    cell = dict(zip(*csv.reader(io.StringIO(format_table([e], "csv")))))
+    # one seed: the std is undefined (empty), not a non-finite metric
+    assert (cell["a_mean"], cell["a_std"], cell["b_mean"], cell["b_std"]) == ("nan", "", "0.5", "")
+    assert "| sgd | 1 | nan (non-finite in seed 0) | 0.5 |" in format_table([e])
+
+
+def test_a_metric_missing_in_some_seeds_is_named_and_not_averaged(tmp_path):
+    rows, dirs = _rows(tmp_path, {0: {"a": 1.0, "ece": 0.1}, 1: {"a": 2.0}, 2: {"a": 3.0, "ece": 0.3}})
+    [e] = aggregate(rows)
+    assert e["mean"]["a"] == pytest.approx(2.0, rel=1e-15) and math.isnan(e["mean"]["ece"])
+    assert e["values"]["ece"] == [0.1, None, 0.3] and e["nonfinite"] == {}
+    assert e["missing"] == {"ece": [{"seed": 1, "dir": str(dirs[1])}]}
+    md = format_table([e])
+    assert "| sgd | 3 | 2 ± 1 | – (missing in seed 1) |" in md
+    assert f"note: sgd: ece is missing in seed(s) 1 ({dirs[1]}) while the row's other runs have it" in md
+    cell = dict(zip(*csv.reader(io.StringIO(format_table([e], "csv")))))
+    assert cell["ece_mean"] == "" and cell["missing"] == f"ece seed 1 ({dirs[1]})"

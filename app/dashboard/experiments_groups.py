@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 from plotly.colors import qualitative
 
 from experiments.run_identity import run_settings
-from experiments.table import aggregate
+from experiments.table import aggregate, format_cell
 
 from .experiments_view import color_of, default_reliability_runs
 
@@ -146,12 +145,6 @@ def tables_by_experiment(experiments: dict[str, list[dict[str, Any]]]) -> dict[s
     return {e: aggregate(rows) for e, rows in experiments.items()}
 
 
-def _cell(mean: float, std: float) -> str:
-    if math.isnan(mean):
-        return "–"
-    return f"{mean:.4g}" if math.isnan(std) else f"{mean:.4g} ± {std:.2g}"
-
-
 def metrics_of(entries: list[dict[str, Any]]) -> list[str]:
     """The metrics of an experiment's table, in the table's order."""
     out: list[str] = []
@@ -171,7 +164,8 @@ def default_metrics(metrics: list[str]) -> list[str]:
 def display_rows(entries: list[dict[str, Any]], metrics: list[str] | None = None) -> list[dict[str, Any]]:
     """One row per table group: ``method``, ``seeds`` (completed runs averaged), ``diverged``
     ("1 of 3", when a run diverged) and one "mean ± std" cell per metric (4 and 2 significant
-    digits, as ``python -m experiments table`` prints them; "–" where a method has no such metric)."""
+    digits, as ``python -m experiments table`` prints them, by :func:`experiments.table.format_cell`:
+    "–" where a method has no such metric, "nan (non-finite in seed 1)" where a run's value is NaN)."""
     metrics = metrics_of(entries) if metrics is None else metrics
     any_diverged = any(e.get("diverged") for e in entries)
     rows = []
@@ -180,7 +174,7 @@ def display_rows(entries: list[dict[str, Any]], metrics: list[str] | None = None
         if any_diverged:
             row["diverged"] = f"{e['diverged']} of {e['runs']}"
         for m in metrics:
-            row[m] = _cell(e["mean"].get(m, math.nan), e["std"].get(m, math.nan))
+            row[m] = format_cell(e, m)
         rows.append(row)
     return rows
 
@@ -243,7 +237,7 @@ def table_caption(entries: list[dict[str, Any]], n_runs: int, metrics: list[str]
     ]
     if any(e["n"] == 1 for e in entries) and metrics:
         parts.append("a row with one seed has no standard deviation (the mean alone)")
-    if any(math.isnan(e["mean"].get(m, math.nan)) for e in entries for m in metrics):
+    if any(format_cell(e, m) == "–" for e in entries for m in metrics):
         parts.append("– : the method has no such metric (e.g. bma_* of a non-Bayesian method)")
     return "; ".join(parts) + "."
 

@@ -96,7 +96,7 @@ with readable_errors("tabulate the runs"):
         st.caption(eg.table_caption(entries, n_runs, columns))
         for line in table_notes(entries, ("settings", "config")):
             st.info(line)
-        for line in table_notes(entries, ("duplicates",)):
+        for line in table_notes(entries, ("duplicates", "nonfinite", "missing")):
             st.warning(line)
         failed = ev.diverged_rows(entries, root)
         if failed:

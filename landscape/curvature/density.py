@@ -14,6 +14,11 @@ Matrix Anal. Appl. 38(4), 2017; Ghorbani, Krishnan & Xiao, ICML 2019, Sec. 2).  
 gives a Hutchinson sample of the trace, ``p sum_j tau_j theta_j = z^T A z``, whose spread gives
 ``trace_stderr``.
 
+Budget.  At least one run and two Lanczos steps (a one-step run is a single node at the Rayleigh
+quotient: no density); smaller values raise ``ValueError`` before any product.  Steps beyond ``p``
+are not taken (``p`` steps already integrate exactly).  One run has no spread: ``trace_stderr`` is
+then NaN and ``trace_stderr_reason`` says why (it is empty whenever ``trace_stderr`` is a number).
+
 All runs advance in lock step, so each Lanczos step is one ``matmat`` with ``runs`` columns.  With
 ``reorth=True`` every new vector is orthogonalised twice against all previous ones of its run (full
 reorthogonalisation; memory ``runs * steps * p`` floats); with ``reorth=False`` the plain three-term
@@ -32,7 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from landscape.checks import check_int, check_positive, check_seed
+from landscape.checks import check_budget, check_int, check_positive, check_seed
 from landscape.curvature.linop import as_linop, make_generator, rademacher, seed_config
 from landscape.results import Result
 
@@ -49,6 +54,7 @@ class DensityResult(Result):
     weights: list[list[float]] = field(default_factory=list)
     trace: float = math.nan
     trace_stderr: float = math.nan
+    trace_stderr_reason: str = ""
     matvecs: int = 0
     sigma: float = 0.0
     p: int = 0
@@ -141,8 +147,10 @@ def spectral_density(
 
     Args:
         op: linear operator, dense symmetric tensor or Objective (its Hessian).
-        runs: number of random start vectors (Rademacher, normalised).
-        lanczos_steps: Lanczos steps per run (capped at ``p``); a run stops early on breakdown.
+        runs: number of random start vectors (Rademacher, normalised), at least 1 (2 for
+            ``trace_stderr``).
+        lanczos_steps: Lanczos steps per run, at least 2 (capped at ``p``); a run stops early on
+            breakdown.
         reorth: full reorthogonalisation (default) or the plain three-term recurrence.
         sigma: Gaussian broadening width; default 1 % of the range of the nodes.
         grid: number of grid points (default 1000) spanning the nodes +- 5 sigma, or the grid itself.
@@ -155,13 +163,22 @@ def spectral_density(
 
     Returns:
         :class:`DensityResult`: ``grid``, ``density`` (integrates to 1), per-run ``nodes`` and
-        ``weights``, ``trace`` (mean over runs of ``p sum_j tau_j theta_j``) and ``trace_stderr``.
+        ``weights``, ``trace`` (mean over runs of ``p sum_j tau_j theta_j``) and ``trace_stderr``
+        (NaN for one run, with ``trace_stderr_reason``).
     """
     from scipy.linalg import eigh_tridiagonal
 
     t0 = time.perf_counter()
-    check_positive("runs", runs, integer=True)
-    check_positive("lanczos_steps", lanczos_steps, integer=True)
+    check_budget(
+        "runs", runs, 1, who="spectral_density", why="the density is an average over random start vectors"
+    )
+    check_budget(
+        "lanczos_steps",
+        lanczos_steps,
+        2,
+        who="spectral_density",
+        why="one Lanczos step gives a single quadrature node per run (the Rayleigh quotient), no density",
+    )
     if sigma is not None:
         check_positive("sigma", sigma)
     check_seed(seed)
@@ -220,7 +237,11 @@ def spectral_density(
         dens += (w * np.exp(-0.5 * ((gn - th) / sigma) ** 2)).sum(1) / (sigma * math.sqrt(2 * math.pi))
     dens /= runs
     tr = np.asarray(traces)
-    stderr = float(tr.std(ddof=1) / math.sqrt(runs)) if runs > 1 else math.inf
+    stderr, reason = math.nan, ""
+    if runs > 1:
+        stderr = float(tr.std(ddof=1) / math.sqrt(runs))
+    else:
+        reason = "one run: no spread over start vectors to estimate an error from; pass runs >= 2"
     config = {
         "method": "stochastic lanczos quadrature",
         "runs": runs,
@@ -239,6 +260,7 @@ def spectral_density(
         weights=weights,
         trace=float(tr.mean()),
         trace_stderr=stderr,
+        trace_stderr_reason=reason,
         matvecs=A.matvecs,
         sigma=float(sigma),
         p=p,

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from landscape.checks import check_choice, check_nonnegative, check_positive, check_seed
+from landscape.checks import check_budget, check_choice, check_nonnegative, check_positive, check_seed
 from landscape.curvature.linop import as_linop, blocks, gaussian, make_generator, seed_config
 from landscape.results import Result
 
@@ -190,7 +190,9 @@ def eigenvalues(
         tol, atol: a pair is converged when ``||A v - lambda v|| <= max(tol * |lambda|, atol)``
             (true residual, computed with one extra block matvec at the end).
         max_matvecs: budget of matrix-vector products (columns), final check included; default
-            ``max(300, 40 * k)``.
+            ``max(300, 40 * k)``; at least ``block_size + k`` (a smaller one raises ``ValueError``
+            before any product).  Small operators (``p <= ncv + block_size``) are assembled and
+            solved densely with ``p`` products (``method="dense"``), exact whatever the budget.
         seed: int or ``torch.Generator`` for the random start block (ignored if ``v0`` is given).
         block_size: Lanczos block size ``b`` (``b`` matvecs per step, batched in one ``matmat``
             call: faster per matvec with vmapped HVPs, usually more matvecs in total).
@@ -282,8 +284,13 @@ def eigenvalues(
     keep = restart_keep if restart_keep is not None else k + (ncv - k) // 2
     keep = max(k, min(keep, ncv - b))
     config["restart_keep"] = keep
-    if max_matvecs < b + k:
-        raise ValueError(f"max_matvecs = {max_matvecs} is too small: need at least block_size + k = {b + k}")
+    check_budget(
+        "max_matvecs",
+        max_matvecs,
+        b + k,
+        who=f"eigenvalues with k={k}, block_size={b}",
+        why=f"a Lanczos run needs block_size + k = {b + k} products to build {k} Ritz value(s)",
+    )
 
     dev = A.device
     gen = make_generator(seed)
@@ -431,8 +438,9 @@ def power_iteration(
     _check_dim(k, p)
     if max_matvecs is None:
         max_matvecs = k * max_iter
-    if max_matvecs < k:
-        raise ValueError(f"max_matvecs = {max_matvecs} must be at least k = {k}")
+    check_budget(
+        "max_matvecs", max_matvecs, k, who=f"power_iteration with k={k}", why="each pair needs a product"
+    )
     config = {
         "method": "power iteration with deflation",
         "k": k,

@@ -25,7 +25,18 @@ Estimators (all with Rademacher probes, all reporting a standard error):
   Hutchinson's variance, ``2 (||A||_F^2 - sum_i A_ii^2)`` -- sits in a few directions.  If it is
   ``<= m0 / 2`` the spectrum decays and the low-rank part dominates: XTrace continues from the pilot
   (its ``Omega, Y`` are re-used); otherwise Hutchinson continues with the pilot's ``m0`` samples.
-  Either way no pilot matvec is wasted.  Operators with ``p <= 2 m0`` are traced exactly.
+  Either way no pilot matvec is wasted.  Operators with ``p <= 2 m0`` (and ``p <= max_matvecs``) are
+  traced exactly.  XTrace is chosen only with ``m0 >= 3`` (its error bar needs three probes).
+* ``"exact"`` -- ``p`` unit-vector products, zero error, whatever ``max_matvecs`` is.
+
+Budgets.  Every stochastic estimate comes with an error bar, and :func:`trace` refuses, before any
+product, a ``max_matvecs`` too small for one (``ValueError`` naming the smallest budget that works):
+``"hutchinson"`` and ``"auto"`` need 2 (two samples); ``"hutchpp"`` needs ``2 * sketch + 2`` (the
+sketch costs ``2 * sketch`` products and the remainder two samples; 4 with the default sketch
+``max_matvecs // 3``); ``"xtrace"`` needs 6 (the jackknife needs three probes, two products each).
+A Hutch++ sketch of ``p`` or more columns spans the whole space, so the sketch alone would give the
+exact trace, for ``2p`` products: the trace is then computed exactly with ``p`` unit-vector
+products instead (``method="exact"``, the reason in ``config["exact_because"]``).
 
 The stopping rule is always ``t_{n-1, level} * stderr <= max(rtol * |estimate|, atol)`` -- the
 half-width of the confidence interval -- never the change of the running mean.
@@ -41,7 +52,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from landscape.checks import check_choice, check_nonnegative, check_number, check_positive, check_seed
+from landscape.checks import (
+    check_budget,
+    check_choice,
+    check_nonnegative,
+    check_number,
+    check_positive,
+    check_seed,
+)
 from landscape.curvature.linop import as_linop, blocks, make_generator, rademacher, seed_config
 from landscape.curvature.xtrace import XTraceState
 from landscape.results import Result
@@ -107,9 +125,50 @@ def _met(value: float, stderr: float, dof: int, rtol: float, atol: float, level:
     return _tq(level, dof) * stderr <= max(rtol * abs(value), atol)
 
 
+#: probes XTrace's jackknife error bar needs (:meth:`XTraceState.estimate` gives none below 3); each
+#: costs 2 products (``A omega`` and ``A q`` of the basis vector it adds)
+_XTRACE_MIN_PROBES = 3
+
+
+def _check_budget(method: str, max_matvecs: int, sketch: int | None) -> None:
+    """Refuse a ``max_matvecs`` too small for ``method`` to return an estimate with an error bar."""
+    if method == "exact":  # p unit-vector products whatever the budget
+        return
+    if method == "hutchpp":
+        s = 1 if sketch is None else sketch
+        fix = f"pass max_matvecs >= {2 * s + 2}"
+        if sketch is not None and max_matvecs >= 4:
+            fix += f" or sketch <= {(max_matvecs - 2) // 2}"
+        fix += " (or method='hutchinson', which needs 2)"
+        check_budget(
+            "max_matvecs",
+            max_matvecs,
+            2 * s + 2,
+            who="hutchpp" if sketch is None else f"hutchpp with sketch={sketch}",
+            why=f"its sketch of {s} vector{'s' if s > 1 else ''} costs {2 * s} products and the error "
+            "bar of the remainder needs 2 samples of one product each",
+            fix=fix,
+        )
+    elif method == "xtrace":
+        m = _XTRACE_MIN_PROBES
+        check_budget(
+            "max_matvecs",
+            max_matvecs,
+            2 * m,
+            who="xtrace",
+            why=f"its jackknife error bar needs {m} probes of 2 products each",
+            fix=f"pass max_matvecs >= {2 * m} (or method='hutchinson', which needs 2)",
+        )
+    else:  # hutchinson, auto (its fallback is Hutchinson on the pilot's samples)
+        check_budget(
+            "max_matvecs", max_matvecs, 2, who=method, why="an error bar needs 2 samples of one product each"
+        )
+
+
 def _mean_se(x: torch.Tensor) -> tuple[float, float]:
     n = x.numel()
     mean = float(x.mean())
+    # n >= 2 wherever trace() calls this (its budget check); inf marks "no error bar" otherwise
     se = float(x.std(unbiased=True)) / math.sqrt(n) if n > 1 else math.inf
     return mean, se
 
@@ -172,12 +231,15 @@ def trace(
         method: ``"auto"``, ``"hutchinson"``, ``"hutchpp"``, ``"xtrace"`` or ``"exact"`` (see the
             module docstring).
         rtol, atol: tolerance on the confidence half-width.
-        max_matvecs: budget of matrix-vector products.
+        max_matvecs: budget of matrix-vector products; the smallest accepted is the one that buys an
+            error bar (2 for ``"hutchinson"`` / ``"auto"``, ``2 * sketch + 2`` for ``"hutchpp"``, 6
+            for ``"xtrace"``; see the module docstring); ``"exact"`` costs ``p`` whatever it is.
         level: confidence level of the stopping rule (and the default of ``.ci``).
         seed: int or ``torch.Generator``.
         block: probes multiplied per ``matmat`` call (Hutchinson / remainder samples).
         min_samples: smallest number of samples before the error bar is trusted (Hutchinson).
-        sketch: Hutch++ sketch size (default ``max_matvecs // 3``; costs ``2 * sketch`` matvecs).
+        sketch: Hutch++ sketch size (default ``max_matvecs // 3``; costs ``2 * sketch`` matvecs; at
+            least ``p``: the exact trace, for ``p`` matvecs).
         pilot: XTrace pilot size ``m0`` for ``"auto"`` and the first XTrace stage.
         per_layer: ``True`` or ``{name: size}``: a dict ``name -> TraceResult`` per diagonal block.
         progress: tqdm bar over matvecs.
@@ -188,8 +250,6 @@ def trace(
     check_nonnegative("rtol", rtol)
     check_nonnegative("atol", atol)
     check_positive("max_matvecs", max_matvecs, integer=True)
-    if max_matvecs < 2:
-        raise ValueError(f"max_matvecs must be at least 2, got {max_matvecs}")
     _tq(level, 0)
     check_seed(seed)
     check_positive("block", block, integer=True)
@@ -197,6 +257,7 @@ def trace(
     check_positive("pilot", pilot, integer=True)
     if sketch is not None:
         check_positive("sketch", sketch, integer=True)
+    _check_budget(method, max_matvecs, sketch)
     kwargs = dict(
         method=method,
         rtol=rtol,
@@ -216,6 +277,7 @@ def trace(
 
     t0 = time.perf_counter()
     A = as_linop(op, compile=compile, products=max_matvecs)
+    start = A.matvecs  # a LinOp passed in may have counted products already
     gen = make_generator(seed)
     config = {**kwargs, "seed": seed_config(seed), "operator": A.config()}
     config.pop("progress")
@@ -225,30 +287,46 @@ def trace(
 
         bar = tqdm(total=max_matvecs, desc=f"trace ({method})", unit="matvec")
 
+    def used() -> int:
+        return A.matvecs - start
+
     def tick():
         if bar is not None:
-            bar.n = A.matvecs
+            bar.n = used()
             bar.refresh()
 
     def budget() -> int:
-        return max_matvecs - A.matvecs
+        return max_matvecs - used()
+
+    def exact() -> TraceResult:
+        value, _ = _exact(A)
+        config["operator"] = A.config()
+        return TraceResult(
+            config=config,
+            seconds=time.perf_counter() - t0,
+            value=value,
+            stderr=0.0,
+            matvecs=used(),
+            method="exact",
+            samples=[value],
+            dof=0,
+            converged=True,
+        )
 
     chosen = method
     exact_part = 0.0
     try:
-        if method == "exact" or (method == "auto" and A.p <= 2 * pilot):
-            value, _ = _exact(A)
-            return TraceResult(
-                config=config,
-                seconds=time.perf_counter() - t0,
-                value=value,
-                stderr=0.0,
-                matvecs=A.matvecs,
-                method="exact",
-                samples=[value],
-                dof=0,
-                converged=True,
-            )
+        if method == "exact" or (method == "auto" and A.p <= 2 * pilot and A.p <= max_matvecs):
+            return exact()
+        if method == "hutchpp":
+            s = sketch if sketch is not None else max(1, max_matvecs // 3)
+            config["sketch"] = s
+            if s >= A.p:  # the sketch spans the space: exact, for p products rather than 2p
+                config["exact_because"] = (
+                    f"a Hutch++ sketch of {s} >= p = {A.p} vectors spans the whole space: the trace is "
+                    f"computed exactly with p = {A.p} unit-vector products"
+                )
+                return exact()
         xt = None
         hut = None
         if method == "auto":
@@ -260,7 +338,7 @@ def trace(
             sv = torch.linalg.svdvals(Y)
             srank = float((sv**2).sum() / sv[0] ** 2) if float(sv[0]) > 0 else float(m0)
             config["pilot_stable_rank"] = srank
-            if srank <= m0 / 2 and budget() >= m0:
+            if srank <= m0 / 2 and m0 >= _XTRACE_MIN_PROBES and budget() >= m0:
                 chosen = "xtrace"
                 xt = XTraceState(A, gen)
                 xt.add(Om=Om, Y=Y)
@@ -288,10 +366,7 @@ def trace(
                 tick()
             samples, dof = est, xt.m - 1
         else:
-            if chosen == "hutchpp":
-                s = sketch if sketch is not None else max_matvecs // 3
-                s = max(1, min(s, (budget() - 2) // 2, A.p - 1))
-                config["sketch"] = s
+            if chosen == "hutchpp":  # s < p; 2 s + 2 <= max_matvecs (_check_budget)
                 Y = A.matmat(rademacher(A.p, s, gen, A.device))
                 Q, _ = torch.linalg.qr(Y)
                 exact_part = float((Q * A.matmat(Q)).sum())
@@ -323,7 +398,7 @@ def trace(
         seconds=time.perf_counter() - t0,
         value=value,
         stderr=se,
-        matvecs=A.matvecs,
+        matvecs=used(),
         method=chosen,
         samples=[float(x) for x in samples],
         dof=dof,
@@ -350,9 +425,7 @@ def diagonal(
     ``sum_{i != j} A_ji^2`` per sample.  ``"exact"``: ``p`` unit-vector matvecs, zero error.
     """
     check_choice("method", method, ("hutchinson", "exact"))
-    check_number("samples", samples, integer=True)
-    if samples < 2:
-        raise ValueError(f"samples must be at least 2 (for a standard error), got {samples}")
+    check_budget("samples", samples, 2, who="diagonal", why="the per-entry standard errors need 2 samples")
     check_seed(seed)
     check_positive("block", block, integer=True)
     t0 = time.perf_counter()

@@ -79,7 +79,9 @@ def _trace_of(ctx: Ctx, op, method: str, rtol: float, max_matvecs: int, seed: An
 
     res = trace(op, method=method, rtol=rtol, max_matvecs=max_matvecs, seed=seed)
     ctx.counts["hvp"] += int(op.matvecs)
-    stderr = None if res.method == "exact" or not math.isfinite(res.stderr) else float(res.stderr)
+    # trace() refuses a budget without an error bar, so a stochastic estimate always has one; only
+    # the exact trace (method "exact", or a Hutch++ sketch spanning the space) is deterministic
+    stderr = None if res.method == "exact" else float(res.stderr)
     extra = {
         "trace_per_param": float(res.value) / ctx.p,
         "method_used": res.method,
@@ -93,7 +95,9 @@ def hessian_trace(
     ctx: Ctx, *, method: str = "hutchpp", rtol: float = 1e-2, max_matvecs: int = 100, seed: int = 0
 ) -> dict[str, Any]:
     """``Tr H`` with a standard error (Hutchinson / Hutch++ / XTrace, ``landscape.curvature.trace``) and the
-    per-parameter average ``Tr(H)/p`` in ``extra``."""
+    per-parameter average ``Tr(H)/p`` in ``extra``. ``max_matvecs`` must buy an error bar (Hutch++: at
+    least 4, see :func:`landscape.curvature.trace.trace`); one whose Hutch++ sketch spans all ``p``
+    parameters (``max_matvecs >= 3p``) gives the exact trace, ``stderr`` None."""
 
     return _trace_of(ctx, hessian(ctx.obj), method, rtol, max_matvecs, seed)
 
