@@ -24,6 +24,13 @@ above); its graph spans every batch, so for large data prefer ``obj.gradient`` a
 operators.  ``obj.gradient(w)`` is ``sum_k grad_w L_k(w)`` by ``torch.func.grad_and_value`` per
 batch, itself differentiable (``torch.func.jacrev(obj.gradient)`` is the Hessian).
 
+The data is a constant of these functions: ``obj.batches()`` iterates, fingerprints and converts
+it outside any transform (``landscape._transforms``, which also decides whether code runs inside
+one), so a ``DataLoader`` drawing its per-pass seed does not meet ``vmap``'s randomness check and
+nothing the objective keeps is a tensor of a transform's level: any sequence of transforms and
+eager calls works.  What a transform cannot do with the model raises naming the fix (a random
+forward under ``vmap``, ``hessian`` or ``jacfwd``; BatchNorm's in-place statistics under ``vmap``).
+
 Under a transform, values cannot be inspected (``vmap`` forbids data-dependent control flow), so
 the non-finite checks of the eager path are replaced by the data check made at construction (a
 batch whose inputs/targets hold NaN/inf raises); NaN/inf parameters give NaN values.  Every call
@@ -45,25 +52,16 @@ from typing import Any
 import torch
 
 from landscape import validation as V
+from landscape._transforms import in_transform
 from landscape.inputs import data_issue_message
 
 __all__ = [
-    "in_transform",
     "tracked",
     "loss",
     "loss_and_gradient",
     "refuse_transform",
     "not_differentiable",
 ]
-
-
-def in_transform() -> bool:
-    """True inside a ``torch.func`` transform (grad, vmap, jvp, ...), at any nesting level."""
-    ft = torch._C._functorch
-    peek = getattr(ft, "peek_interpreter_stack", None)
-    if peek is not None:
-        return peek() is not None
-    return ft.maybe_current_level() is not None  # pragma: no cover - older/newer private API
 
 
 def tracked(params: Any) -> bool:
@@ -106,18 +104,31 @@ def _check_data(issues: Mapping[int, str], k: int) -> None:
 
 
 @contextlib.contextmanager
-def _explain_vmap_batchnorm(mode: str) -> Iterator[None]:
+def _explain_transform_errors(mode: str) -> Iterator[None]:
+    """Turn torch's errors for what a transform cannot do with this objective into ones naming the
+    problem and the fix (the data never causes them: it is iterated outside the transforms)."""
     try:
         yield
     except RuntimeError as err:
-        if "running_mean or running_var" not in str(err):
-            raise
-        raise RuntimeError(
-            f"vmap over the parameters of a model with BatchNorm in mode={mode!r} is not supported: "
-            "BatchNorm updates its running statistics in place (in copies here), which vmap refuses for "
-            "batched parameters; use Objective(..., mode='eval'), or evaluate the parameter vectors one "
-            "by one (torch.func.grad/jacrev/hessian work in train mode)"
-        ) from err
+        text = str(err)
+        if "running_mean or running_var" in text:
+            raise RuntimeError(
+                f"vmap over the parameters of a model with BatchNorm in mode={mode!r} is not supported: "
+                "BatchNorm updates its running statistics in place (in copies here), which vmap refuses "
+                "for batched parameters; use Objective(..., mode='eval'), or evaluate the parameter "
+                "vectors one by one (torch.func.grad, jacrev(obj.gradient) and jacfwd(grad(obj.loss)) "
+                "work in train mode)"
+            ) from err
+        if "randomness error mode" in text:
+            raise RuntimeError(
+                f"the model's forward (or the loss) draws random numbers in mode={mode!r} (dropout or "
+                "other randomness), which torch.func.vmap refuses by default (torch.func.hessian and "
+                "jacfwd run the function under vmap): use Objective(..., mode='eval'); or, for one "
+                "fixed dropout mask, Objective(..., stochastic='fixed') with "
+                "torch.func.vmap(f, randomness='same') or, for the Hessian, "
+                "torch.func.jacrev(obj.gradient) (its forward runs outside vmap)"
+            ) from err
+        raise
 
 
 def loss(obj: Any, params: Any, issues: Mapping[int, str]) -> torch.Tensor:
@@ -126,7 +137,7 @@ def loss(obj: Any, params: Any, issues: Mapping[int, str]) -> torch.Tensor:
     not be).  Eagerly every batch loss is checked to be finite; under a transform (values cannot be
     read) batches whose data is not finite (``issues``, from the scan) are refused instead."""
     eager = not in_transform()
-    with obj.guard(), _explain_vmap_batchnorm(obj.mode):
+    with obj.guard(), _explain_transform_errors(obj.mode):
         full, bufs = obj.point(params), obj.buffers()
         total = torch.zeros((), dtype=obj.dtype, device=obj.device)
         for k, (x, y, w) in enumerate(obj.batches()):
@@ -143,7 +154,7 @@ def loss_and_gradient(obj: Any, params: Any, issues: Mapping[int, str]) -> tuple
     """``(L, grad L)`` at ``params`` with ``grad L = sum_k grad L_k`` (``torch.func.grad_and_value``
     per batch), both differentiable in ``params``."""
     eager = not in_transform()
-    with obj.guard(), _explain_vmap_batchnorm(obj.mode):
+    with obj.guard(), _explain_transform_errors(obj.mode):
         full, bufs = obj.point(params), obj.buffers()
         vec = obj.flatten(full)  # the selected entries, as a function of what was passed
 

@@ -21,6 +21,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from landscape._transforms import transform_tensors
+
 Inputs = torch.Tensor | tuple | dict
 
 
@@ -173,25 +175,89 @@ def resolve_input_mode(model: nn.Module, inputs: Any, input_mode: str) -> bool:
     return input_mode == "kwargs"
 
 
+class InputModeError(TypeError):
+    """Inputs that do not fit the forward in the way ``input_mode`` passes them; the message names
+    the ``input_mode`` (or the form of the batches' inputs) that fits."""
+
+
 def call_forward(model: nn.Module, params: dict, buffers: dict, inputs: Any, kwargs_inputs: bool) -> Any:
     """``functional_call`` of ``model`` on ``inputs`` (``kwargs_inputs``: a dict as ``model(**d)``).
-    A dict passed as one argument that does not fit the forward's signature gets a hint naming
-    ``input_mode='kwargs'``."""
-    if kwargs_inputs and isinstance(inputs, Mapping):
-        return functional_call(model, (params, buffers), (), dict(inputs), tie_weights=False)
+    Inputs that do not bind to the forward's signature in the way ``input_mode`` passes them raise
+    :class:`InputModeError` (a TypeError) naming the ``input_mode`` that fits (:func:`input_mode_hint`)."""
+    as_kwargs = kwargs_inputs and isinstance(inputs, Mapping)
     try:
+        if as_kwargs:
+            return functional_call(model, (params, buffers), (), dict(inputs), tie_weights=False)
         return functional_call(model, (params, buffers), _as_args(inputs), tie_weights=False)
     except TypeError as err:
-        text = str(err)
-        if not isinstance(inputs, Mapping) or not (
-            "positional argument" in text or "keyword argument" in text
-        ):
+        hint = input_mode_hint(model, inputs, as_kwargs, binds_only=True)
+        if hint is None:
             raise
-        raise TypeError(  # the hint first: the validation pass keeps the first 300 characters
-            "the dict of inputs was passed as one argument, model(inputs); if the forward takes its "
-            f"keys {list(inputs)} as keyword arguments, pass Objective(..., input_mode='kwargs') to "
-            f"call model(**inputs) ({text.strip()})"
-        ) from err
+        raise InputModeError(f"{hint} ({str(err).strip()})") from err
+
+
+_P = inspect.Parameter
+
+
+def input_mode_hint(model: nn.Module, inputs: Any, as_kwargs: bool, binds_only: bool = False) -> str | None:
+    """Why ``inputs``, passed as ``input_mode`` passes them (``as_kwargs``: a dict as ``model(**d)``,
+    else ``model(d)`` / ``model(x)`` / ``model(*x)``), do not suit ``model.forward``, naming the
+    ``input_mode`` to use; None when nothing points at keyword inputs.  With ``binds_only`` only when
+    the call does not bind to the forward's signature (the TypeError is the call's, not the
+    forward's own); without it also, conditionally, when a forward that takes ``**kwargs`` (a
+    ``forward(*args, **kwargs)`` wrapper, whose names ``"auto"`` cannot see) got positional inputs
+    and failed."""
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # builtins, some scripted modules: no signature
+        return None
+    ps = list(sig.parameters.values())
+    keywords = [p.name for p in ps if p.kind in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY)]
+    required_kw = [p.name for p in ps if p.kind is _P.KEYWORD_ONLY and p.default is _P.empty]
+    var_kw = any(p.kind is _P.VAR_KEYWORD for p in ps)
+    is_dict = isinstance(inputs, Mapping)
+    why = ""
+    try:
+        if as_kwargs:
+            sig.bind(**dict(inputs))
+        else:
+            sig.bind(*_as_args(inputs))
+    except TypeError as err:
+        why = str(err)
+    if not why and (binds_only or not var_kw or as_kwargs):
+        return None
+    shown = f"forward{sig}"
+    if as_kwargs:
+        return (
+            f"input_mode passes the dict of inputs as model(**inputs), but its keys {list(inputs)} do not "
+            f"fit {shown}; name the keys after the forward's parameters {keywords}, or pass "
+            "Objective(..., input_mode='positional') to call model(inputs) with the dict as one argument"
+        )
+    if is_dict:
+        try:
+            sig.bind(**dict(inputs))
+            fits = "pass"
+        except TypeError:
+            fits = f"name its keys after the forward's parameters {keywords} and pass"
+        return (
+            f"the dict of inputs was passed as one argument, model(inputs), to {shown}; if the forward "
+            f"takes its keys {list(inputs)} as keyword arguments, {fits} "
+            "Objective(..., input_mode='kwargs') to call model(**inputs)"
+        )
+    if not (required_kw or var_kw):
+        return None  # a plain positional mismatch (wrong number of inputs): not about input_mode
+    what = (
+        "a tensor, passed as model(x)" if isinstance(inputs, torch.Tensor) else "a tuple, passed as model(*x)"
+    )
+    example = "{" + ", ".join(f"{n!r}: ..." for n in (keywords or ["name"])[:3]) + "}"
+    named = f" {keywords}" if keywords else ""
+    lead = f"{shown} takes its inputs as keyword arguments{named}" if why else f"{shown} failed"
+    return (
+        f"{lead} but the batches' inputs are {what}; if the forward reads keyword arguments, make "
+        f"each batch's inputs a dict of tensors keyed by their names, e.g. ({example}, targets), and "
+        "pass Objective(..., input_mode='kwargs') to call model(**inputs) (input_mode='auto' does so "
+        "when the keys name parameters of the forward)"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,6 +325,14 @@ def scan_data(
             raise TypeError(
                 f"batch {k}: inputs must be a tensor, tuple of tensors or dict of tensors and targets a "
                 f"tensor; got {type(inputs).__name__} and {type(targets).__name__}"
+            )
+        if transform_tensors([*_tensors(inputs), targets]):
+            raise TypeError(
+                f"batch {k} holds tensors of a torch.func transform (batched by vmap or tracked by "
+                "grad/jvp: data computed inside the transformed function). An Objective's data are "
+                "constants: build the Objective outside the transform on plain tensors and transform "
+                "obj.loss / obj.gradient in the parameters; for derivatives in the inputs use "
+                "obj.call(obj.point(), obj.buffers(), inputs) inside the transform"
             )
         if targets.ndim == 0:
             raise ValueError(f"batch {k}: targets must have a batch dimension, got a 0-d tensor")

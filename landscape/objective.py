@@ -32,6 +32,7 @@ from torch import nn
 
 from landscape import _objective_func as OF
 from landscape import validation as V
+from landscape._transforms import outside_transforms
 from landscape.data_fingerprint import DataFingerprint
 from landscape.guard import forked_rng, model_guard, tensor_slots
 from landscape.inputs import (
@@ -49,6 +50,7 @@ from landscape.inputs import (
 
 __all__ = ["Objective"]
 
+_END = object()  # the end of a pass over the data
 ParamSelection = None | str | Sequence[str] | nn.Module | Sequence[nn.Module] | Callable[[str], bool]
 
 
@@ -160,20 +162,23 @@ class Objective:
 
         self.data = [tuple(data)] if _is_single_batch(data) else data
         self.fingerprint = DataFingerprint()  # recorded by the scan, checked by every pass of batches()
-        scan = scan_data(
-            self.data,
-            None if self._explicit_device else self.device,
-            getattr(loss_fn, "ignore_index", -100),
-            self.fingerprint.record,
-        )
-        self.batch_sizes: list[int] = scan.batch_sizes
-        self.local_num_examples = sum(scan.batch_sizes)
-        self._data_issues = scan.issues  # batch -> what is not finite, reported when it is evaluated
-        # N, over every data-parallel rank (all_reduce is the identity on one process)
-        count = torch.tensor([self.local_num_examples], dtype=torch.int64)
-        self.num_examples = int(self.all_reduce(count).item())
-        self._kwargs_inputs = resolve_input_mode(model, scan.first[0], input_mode)
-        found = V.validate_first_batch(self, self._forward, *scan.first, scan.labels)
+        # built inside a transform, the scan and the validation pass still run eagerly on plain
+        # tensors: what they keep must not be a wrapped tensor of a level that ends with the call
+        with outside_transforms():
+            scan = scan_data(
+                self.data,
+                None if self._explicit_device else self.device,
+                getattr(loss_fn, "ignore_index", -100),
+                self.fingerprint.record,
+            )
+            self.batch_sizes: list[int] = scan.batch_sizes
+            self.local_num_examples = sum(scan.batch_sizes)
+            self._data_issues = scan.issues  # batch -> what is not finite, reported when evaluated
+            # N, over every data-parallel rank (all_reduce is the identity on one process)
+            count = torch.tensor([self.local_num_examples], dtype=torch.int64)
+            self.num_examples = int(self.all_reduce(count).item())
+            self._kwargs_inputs = resolve_input_mode(model, scan.first[0], input_mode)
+            found = V.validate_first_batch(self, self._forward, *scan.first, scan.labels)
         self.random_forward = found.random_forward
         self.batch_coupled = found.batch_coupled
         self._mutated = found.mutated
@@ -199,21 +204,30 @@ class Objective:
         """Yield ``(inputs, targets, weight)`` on the objective's device/dtype (float targets cast).
 
         Raises TypeError at the end of a pass with another number of examples than the scan, and
-        ``DataChangedError`` at a batch that differs from it (one-shot, shuffled or changing data)."""
+        ``DataChangedError`` at a batch that differs from it (one-shot, shuffled or changing data).
+        Inside a ``torch.func`` transform the data is still read outside it (the yielded tensors are
+        plain constants of the transformed function)."""
         it = self.data
         if self.progress:
             from tqdm.auto import tqdm  # here: an optional dependency, only for progress=True
 
             it = tqdm(it, total=len(self.batch_sizes), desc="batches", leave=False)
-        seen = 0
-        for k, (inputs, targets) in enumerate(it):
-            self.fingerprint.check(k, inputs, targets, self.data)
-            seen += int(targets.shape[0])
-            yield (
-                _map_inputs(inputs, self.convert),
-                self.convert(targets),
-                self._weight(int(targets.shape[0])),
-            )
+        seen, k = 0, 0
+        # the data is constant: iterating it (a DataLoader draws a seed per pass), fingerprinting and
+        # converting it run outside any torch.func transform (landscape._transforms), plain eager
+        with outside_transforms():
+            it = iter(it)
+        while True:
+            with outside_transforms():
+                batch = next(it, _END)
+                if batch is _END:
+                    break
+                inputs, targets = batch
+                self.fingerprint.check(k, inputs, targets, self.data)
+                n = int(targets.shape[0])
+                out = (_map_inputs(inputs, self.convert), self.convert(targets), self._weight(n))
+            seen, k = seen + n, k + 1
+            yield out
         if seen != self.local_num_examples:
             raise one_shot_error(
                 f"this pass over the data saw {seen} examples but the Objective was built on "

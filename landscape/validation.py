@@ -31,7 +31,17 @@ from torch.nn import functional as F
 from torch.nn.parameter import is_lazy
 
 from landscape.guard import forked_rng, rng_state
-from landscape.inputs import _describe, _map_inputs, _shape, data_issue_message, output_kind, pick_output
+from landscape.inputs import (
+    InputModeError,
+    _describe,
+    _map_inputs,
+    _shape,
+    data_issue_message,
+    input_mode_hint,
+    output_kind,
+    pick_output,
+    resolve_input_mode,
+)
 
 __all__ = [
     "check_arguments",
@@ -391,10 +401,18 @@ def validate_first_batch(
         with _module_stack(obj.model) as (stack, coupled):
             try:
                 raw = forward(full, bufs, x)
+            except InputModeError as err:  # the inputs do not bind: the message names input_mode
+                raise InputModeError(
+                    f"the model's forward failed on the first batch (inputs {_describe(x)}): {err}"
+                ) from err
             except Exception as err:  # noqa: BLE001 - any failure gets the data/model context
                 name, mod, shapes = stack[-1] if stack else ("", obj.model, [])
                 hint = _forward_hint(mod, name, shapes, err, 0)
                 kind = TypeError if isinstance(err, TypeError) and hint is None else ValueError
+                if hint is None:  # a forward(*args, **kwargs) that wanted keyword inputs?
+                    as_kwargs = resolve_input_mode(obj.model, inputs, obj.input_mode)
+                    mode_hint = input_mode_hint(obj.model, inputs, as_kwargs)
+                    hint = mode_hint and f"{_first_line(err)}; {mode_hint}"
                 where = f" in module '{name}' ({type(mod).__name__})" if name and hint is None else ""
                 raise kind(
                     f"the model's forward failed on the first batch (inputs {_describe(x)}){where}: "

@@ -7,13 +7,22 @@ model is bit-identical afterwards (``tests.test_model_safety``'s snapshot).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 import landscape as ls
 from landscape.objective import Objective
+from tests import references as ref
 from tests.test_model_safety import _assert_identical, _snapshot
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CE = nn.CrossEntropyLoss()
 GEN = torch.Generator().manual_seed(0)
@@ -487,3 +496,181 @@ def test_integer_targets_of_other_losses_are_not_second_guessed():
     obj = Objective(model, bce, (X, yb))
     want = nn.functional.binary_cross_entropy_with_logits(model(X).squeeze(1), yb.double()).detach()
     assert float(obj.loss()) == pytest.approx(float(want), rel=1e-14)
+
+
+# --------------------------------------------------------------------------------------------
+# inputs that do not fit a forward taking keyword arguments: the message names input_mode
+# --------------------------------------------------------------------------------------------
+class KeywordOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(10, 3).double()
+
+    def forward(self, *, input_ids):
+        return self.lin(input_ids)
+
+
+class KwargsOnly(KeywordOnly):
+    def forward(self, **inputs):
+        return self.lin(inputs["input_ids"])
+
+
+class ArgsKwargs(KeywordOnly):
+    """A wrapper's ``forward(*args, **kwargs)``: ``input_mode="auto"`` cannot see the names."""
+
+    def forward(self, *args, **kwargs):
+        return self.lin(kwargs["input_ids"])
+
+
+def _keyword_loss(model: nn.Module) -> float:
+    with torch.no_grad():
+        return float(CE(model.lin(X), Y))
+
+
+@pytest.mark.parametrize("inputs", [X, (X,)], ids=["tensor", "tuple"])
+def test_keyword_only_forward_fed_positional_inputs_names_input_mode(inputs):
+    model = KeywordOnly()
+    _bad(
+        model,
+        TypeError,
+        r"forward\(\*, input_ids\) takes its inputs as keyword arguments \['input_ids'\].*"
+        r"\(\{'input_ids': \.\.\.\}, targets\).*input_mode='kwargs'",
+        lambda: Objective(model, CE, (inputs, Y)),
+    )
+    # the fix named works, with either input_mode that passes keywords
+    for mode in ("kwargs", "auto"):
+        obj = Objective(model, CE, ({"input_ids": X}, Y), input_mode=mode)
+        assert obj.config()["input_mode"] == "kwargs"
+        assert float(obj.loss()) == pytest.approx(_keyword_loss(model), rel=1e-14)
+
+
+def test_dict_inputs_that_do_not_fit_the_forward_name_the_input_mode_to_use():
+    model = KeywordOnly()
+    good = ({"input_ids": X}, Y)
+    # a dict passed as one argument to a keyword-only forward: input_mode='kwargs'
+    _bad(
+        model,
+        TypeError,
+        r"passed as one argument.*forward\(\*, input_ids\).*input_mode='kwargs'",
+        lambda: Objective(model, CE, good, input_mode="positional"),
+    )
+    # keys that are not the forward's parameters: they are named, and the other input_mode
+    _bad(
+        model,
+        TypeError,
+        r"keys \['ids'\] do not fit forward\(\*, input_ids\).*\['input_ids'\].*input_mode='positional'",
+        lambda: Objective(model, CE, ({"ids": X}, Y), input_mode="kwargs"),
+    )
+    _bad(
+        model,
+        TypeError,
+        r"name its keys after the forward's parameters \['input_ids'\] and pass.*input_mode='kwargs'",
+        lambda: Objective(model, CE, ({"ids": X}, Y)),
+    )
+    # forward(**inputs): a tensor, and a dict passed whole
+    kw = KwargsOnly()
+    _bad(
+        kw,
+        TypeError,
+        r"forward\(\*\*inputs\) takes its inputs as keyword.*input_mode='kwargs'",
+        lambda: Objective(kw, CE, (X, Y)),
+    )
+    _bad(kw, TypeError, r"passed as one argument.*input_mode='kwargs'", lambda: Objective(kw, CE, good))
+    assert float(Objective(kw, CE, good, input_mode="kwargs").loss()) == pytest.approx(
+        _keyword_loss(kw), rel=1e-14
+    )
+
+
+def test_args_kwargs_wrapper_failing_on_a_whole_dict_names_input_mode():
+    """forward(*args, **kwargs) that reads keywords gets the dict as one argument under "auto" and
+    fails inside (KeyError): the message adds the input_mode that passes keywords."""
+    model = ArgsKwargs()
+    _bad(
+        model,
+        ValueError,
+        r"KeyError: 'input_ids'; the dict of inputs was passed as one argument.*input_mode='kwargs'",
+        lambda: Objective(model, CE, ({"input_ids": X}, Y)),
+    )
+    _bad(
+        model, ValueError, r"KeyError: 'input_ids'.*input_mode='kwargs'", lambda: Objective(model, CE, (X, Y))
+    )
+    obj = Objective(model, CE, ({"input_ids": X}, Y), input_mode="kwargs")
+    assert float(obj.loss()) == pytest.approx(_keyword_loss(model), rel=1e-14)
+
+
+# --------------------------------------------------------------------------------------------
+# jvp="linearize": torch's own tracing warnings stay inside; the model's own warnings do not
+# --------------------------------------------------------------------------------------------
+def _linearize_problem(model: nn.Module | None = None):
+    model = model or _mlp()
+    batches = [(X[:3], Y[:3]), (X[3:], Y[3:])]
+    V = torch.randn(sum(p.numel() for p in model.parameters()), 3, generator=torch.Generator().manual_seed(1))
+    return model, batches, V.double()
+
+
+@pytest.mark.parametrize("kind", ["ggn", "empirical_fisher"])
+def test_linearize_lets_no_torch_fx_warning_escape_and_matches_the_dense_reference(kind):
+    model, batches, V = _linearize_problem()
+    dense = ref.dense_ggn if kind == "ggn" else ref.dense_empirical_fisher
+    A_ref = dense(model, CE, batches)
+    obj = Objective(model, CE, batches)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning that escapes fails the test
+        op = getattr(ls, kind)(obj, jvp="linearize")
+        block, col = op @ V, op @ V[:, 0]
+        again = op @ V
+    # the traced linearisation ran (a warning raised as an error inside it would have made it fall
+    # back to plain forward mode silently)
+    assert op.record.used == "linearize" and op.record.fallback_reason is None
+    scale = float((A_ref @ V).abs().max())
+    assert float((block - A_ref @ V).abs().max()) <= 1e-12 * scale
+    assert float((col - A_ref @ V[:, 0]).abs().max()) <= 1e-12 * scale
+    assert float((again - block).abs().max()) <= 1e-14 * scale
+
+
+class Chatty(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(10, 3).double()
+
+    def forward(self, x):
+        warnings.warn("the model's own warning", UserWarning, stacklevel=2)
+        return self.lin(x)
+
+
+def test_linearize_passes_unrelated_warnings_through():
+    model, batches, V = _linearize_problem(Chatty())
+    with pytest.warns(UserWarning, match="the model's own warning"):  # the validation pass
+        op = ls.ggn(Objective(model, CE, batches), jvp="linearize")
+    with pytest.warns(UserWarning, match="the model's own warning") as caught:
+        op @ V
+    assert op.record.used == "linearize"
+    assert not [w for w in caught if "get_attr" in str(w.message)]
+
+
+def test_linearize_in_a_fresh_process_with_warnings_as_errors():
+    """The first forward-mode call of a process imports torch's jvp decompositions (a
+    torch.jit.script DeprecationWarning); with ``-W error`` nothing escapes and the traced path runs."""
+    code = (
+        "import torch, landscape as ls\n"
+        "from torch import nn\n"
+        "from landscape.objective import Objective\n"
+        "torch.manual_seed(0)\n"
+        "m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()\n"
+        "x, y = torch.randn(6, 3, dtype=torch.float64), torch.randint(0, 2, (6,))\n"
+        "op = ls.ggn(Objective(m, nn.CrossEntropyLoss(), (x, y)), jvp='linearize')\n"
+        "op @ torch.ones(op.shape[0], dtype=torch.float64)\n"
+        "assert op.record.used == 'linearize' and op.record.fallback_reason is None, op.record\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]

@@ -37,7 +37,9 @@ found out is kept in one record, :class:`JVPRecord` (read by ``config()``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partialmethod
 from typing import Any
@@ -70,6 +72,27 @@ class JVPRecord:
     output_matrix: str | None = None  # the kind of M_b
     pe_vmap: bool = True  # the per-example gradients (Fisher) under vmap
     pe_vmap_error: str | None = None
+
+
+# torch's own warnings while it traces or runs forward mode for us (torch 2.x), which say nothing
+# about the caller's model: const-folding the traced linearisation inserts get_attr nodes before it
+# registers their tensors (torch.fx), and the first forward-mode call of a process imports torch's
+# jvp decompositions, which are written with torch.jit.script
+_TORCH_INTERNAL_WARNINGS = (
+    (r"Attempted to insert a get_attr Node with no underlying reference", UserWarning, r"torch\.fx\."),
+    (r"`torch\.jit\.script` is deprecated", DeprecationWarning, r"torch\.jit\."),
+)
+
+
+@contextlib.contextmanager
+def _quiet_forward_mode() -> Iterator[None]:
+    """Forward mode and ``torch.func.linearize`` without :data:`_TORCH_INTERNAL_WARNINGS` (exactly
+    those: each filter matches the message, the category and the torch module that warns); every
+    other warning, the model's own included, passes through."""
+    with warnings.catch_warnings():
+        for message, category, module in _TORCH_INTERNAL_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category, module=module)
+        yield
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,7 +192,8 @@ class _Linearised:
         if self.jvp_lin is not None or self.lin_failed:
             return
         try:
-            out, self.jvp_lin = linearize(self.f, op._theta)
+            with _quiet_forward_mode():
+                out, self.jvp_lin = linearize(self.f, op._theta)
         except Exception as err:  # noqa: BLE001 - forward mode unsupported: the detection below
             if op._strict:
                 raise
@@ -200,9 +224,10 @@ class _Linearised:
     # ------------------------------------------------------------------ J V
     def _forward(self, op: OutputSpaceOperator, path: str, t: dict[str, torch.Tensor]):
         """``(out, J t)`` by forward mode (``out`` None with a traced linearisation)."""
-        if self.jvp_lin is not None and path == "linearize":
-            return None, self.jvp_lin(t)
-        return jvp(self.f, (op._theta,), (t,))
+        with _quiet_forward_mode():
+            if self.jvp_lin is not None and path == "linearize":
+                return None, self.jvp_lin(t)
+            return jvp(self.f, (op._theta,), (t,))
 
     def _detect(self, op: OutputSpaceOperator, path: str, t: dict[str, torch.Tensor]):
         """First product on a path: does forward mode work here at all?  ``(out, J t)`` or None
