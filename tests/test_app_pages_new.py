@@ -258,6 +258,17 @@ def test_experiments_missing_directory(tmp_path):
     assert any("No finished runs" in i.value for i in at.info)
 
 
+def test_experiments_fresh_install_shows_the_empty_state(tmp_path, monkeypatch):
+    """No runs/ yet (the default directory of a fresh install): a hint, not an error box."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SHARPSCAPE_RUNS", raising=False)
+    at = AppTest.from_file(str(APP / "pages" / "5_Experiments.py"), default_timeout=300)
+    at.run()
+    _no_errors(at)
+    assert at.text_input(key="exp_root").value == "runs"
+    assert [i.value for i in at.info if "No finished runs" in i.value and "experiments run" in i.value]
+
+
 # ------------------------------------------------------------------------------ curvature monitor
 
 

@@ -89,7 +89,10 @@ def default_root() -> str:
 def find_runs(root: str | Path) -> list[str]:
     """Run directories (holding ``metrics.json``) under ``root``, sorted.
 
-    Raises ``FileNotFoundError`` naming the path when it does not exist."""
+    The default root (:func:`default_root`) not existing yet is the empty state of a fresh install
+    (no runs: ``[]``); any other missing path raises ``FileNotFoundError`` naming it."""
+    if not Path(root).expanduser().exists() and str(root) == default_root():
+        return []
     root = Path(root).expanduser()
     if not root.exists():
         raise FileNotFoundError(
