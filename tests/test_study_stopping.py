@@ -234,3 +234,25 @@ def test_report_command_writes_the_committed_file_set(stopped, tmp_path, capsys)
     assert paths["csv"].read_text() == (out / "population.csv").read_text()
     assert paths["md"].read_text() == (out / "correlation.md").read_text()
     assert paths["png"].stat().st_size > 1000 and doc["timing"]["jobs"] == 1
+
+
+def test_a_partial_study_too_small_to_correlate_names_the_population(tmp_path):
+    # two of three members cannot reach the target in 3 epochs: one correlatable member is left
+    cfg = _cfg(
+        stop={"train_loss": 2.0, "max_epochs": 3},
+        space={
+            "optimizer": ["sgd"],
+            "lr": [1e-4, 2e-4, 0.4],
+            "width": [16],
+            "n_train": [96],
+            "batch_size": [64],
+        },
+    )
+    rows = run_population(cfg, tmp_path, progress=False)
+    assert sorted(r["status"] for r in rows).count("not_converged") == 2
+    seed = cfg["sampling_seed"]
+    with pytest.raises(
+        ValueError, match=rf"population 0 \(sampling seed {seed}\): 1 of 3 members trained"
+    ) as err:
+        write_report(tmp_path, samples=20)
+    assert "study run` command again" in str(err.value)

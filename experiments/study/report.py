@@ -257,9 +257,17 @@ def write_report(
         )
     by_id = {r["id"]: r for r in rows}
     pop_rows = [[by_id[i] for i in ids if i in by_id] for ids in pops]
-    if any(len(p) < 2 for p in pop_rows):
+    short = [i for i, p in enumerate(pop_rows) if len(p) < 2]
+    if short:
+        which = "; ".join(
+            f"population {i} (sampling seed {cfg['sampling_seed'] + i}): {len(pop_rows[i])} of "
+            f"{len(pops[i])} members trained and correlatable"
+            for i in short
+        )
         raise ValueError(
-            f"a population of {out} has fewer than 2 members to correlate; train more of it first"
+            f"{out}: a partial study is reported once every population has at least 2 trained "
+            f"members (a correlation needs 2); {which}. Train more: run the same `study run` command "
+            "again (it resumes where it stopped)"
         )
     measures = [m["name"] for m in cfg["measures"]]
     targets = [t for t in TARGETS if any(t in r for r in rows)]
