@@ -41,6 +41,10 @@ per-step decision is the same everywhere (this assumes the optimizer's step retu
 value, as the suite's data-parallel optimizers do), except with ``perturbation = "local"``, where
 the SAM family returns each rank's own loss at ``w``; there a rank's decision is deferred to the end
 of the epoch (the ranks train the rest of that epoch; the record keeps the step that tripped). At
+A step that refuses a non-finite gradient (``"non-finite gradient"``, or ``"non-finite loss"``
+with its loss) stops the run at once on every rank: the descent gradient it checks is the
+all-reduced one, the same everywhere (with ``"local"`` a NaN at one rank's ``w`` reaches it through
+that rank's perturbed pass). At
 the end of every epoch the ranks agree with one all-reduce of the reasons (:func:`agree`), which
 also carries the main rank's per-epoch evaluation to the others. The final evaluation runs on the
 main rank only and needs no agreement.

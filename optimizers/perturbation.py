@@ -136,8 +136,8 @@ class PerturbationOptimizer(SplitProtocol, WrapperState, torch.optim.Optimizer):
     passes: int = 2
     #: hyperparameters that must be finite and >= 0 in every param group (per-group values too)
     _nonnegative_hparams: tuple[str, ...] = ("lr", "rho")
-    #: the open step (between the halves): ``params``, ``saved`` weights, BatchNorm ``snap``shot,
-    #: ``diag``nostics and, begun by first_step(), the gradients' ``marks`` (a backward pass since?)
+    #: the open step (between the halves): its params, their saved weights, the BatchNorm snapshot,
+    #: the diagnostics and (a step begun by first_step()) the gradients' marks (grad_marks)
     _split: dict[str, Any] | None = None
 
     def __init__(
@@ -220,7 +220,7 @@ class PerturbationOptimizer(SplitProtocol, WrapperState, torch.optim.Optimizer):
     def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor | None:  # type: ignore[override]
         """One step; returns the loss at ``w`` (the mean over chunks; single-pass methods: at the
         perturbed point). Without a closure after :meth:`first_step`: :meth:`second_step`."""
-        if closure is None and self._split is not None:  # a step begun with first_step()
+        if closure is None and self.step_state == OPEN:  # a step begun with first_step()
             return self.second_step()
         self._expect("step(closure)", IDLE)
         self._check_closure(closure)

@@ -7,20 +7,17 @@ passes the caller runs (``first_step()`` / ``second_step()``; bSAM: ``noise_step
 the halves the weights are *not* ``w``, so every public method is allowed in some states only
 (``opt.step_state``):
 
-============  ===============================================  ============================================
-state         reached by                                       allowed
-============  ===============================================  ============================================
-``"idle"``    construction, ``second_step``, ``cancel_step``,  ``step(closure)``, ``first_step()`` (bSAM:
-              a finished or failed ``step(closure)``           ``noise_step()``), ``state_dict()``,
-                                                               ``load_state_dict()``, ``add_param_group()``
-``"noise"``   bSAM's ``noise_step()``: weights at ``w + e``    ``first_step()``, ``cancel_step()``
-``"open"``    ``first_step()``: weights at ``w + eps``         ``second_step()`` (or ``step()`` without a
-                                                               closure), ``cancel_step()``
-============  ===============================================  ============================================
+* ``"idle"`` -- after construction and after a finished, cancelled or failed step: allowed are
+  ``step(closure)``, ``first_step()`` (bSAM with noise: ``noise_step()``), ``state_dict()``,
+  ``load_state_dict()`` and ``add_param_group()``;
+* ``"noise"`` (bSAM) -- after ``noise_step()``, the weights at ``w + e``: the backward pass, then
+  ``first_step()``; or ``cancel_step()``;
+* ``"open"`` -- after ``first_step()``, the weights at ``w + eps``: the backward pass, then
+  ``second_step()`` (or ``step()`` without a closure); or ``cancel_step()``.
 
 ``zero_grad()`` is allowed in every state. A call out of turn raises :class:`StepOrderError` (a
 ``RuntimeError``) that names the call, the state and what to call instead, and changes nothing:
-weights, optimizer state, generator and state all stay as they were. In particular
+weights, BatchNorm statistics, optimizer state and generator stay as they were. In particular
 ``step(closure)`` is refused while a split step is open (it would be lost: the open step's
 ``second_step`` restores the weights it saved), a state dict is never taken or loaded with the
 weights at a perturbed point (the saved ``w`` is not part of it: finish or cancel the step first),
