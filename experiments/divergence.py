@@ -3,7 +3,11 @@
 A run is stopped and recorded as diverged (:class:`Diverged`, caught by
 :func:`experiments.runner.run_one`, which writes ``results.json`` with ``status = "diverged"``) when
 
-* ``"non-finite loss"``: a training step returns a NaN / inf loss;
+* ``"non-finite loss"``: a training step returns a NaN / inf loss (also when the step itself refuses
+  the NaN / inf gradient that comes with it: :class:`optimizers.step_protocol.NonFiniteGradient`
+  carries the loss, which is then checked as the step's);
+* ``"non-finite gradient"``: a step refuses a NaN / inf gradient while its loss is finite (the SAM
+  family and bSAM check their gradients, :mod:`optimizers.step_protocol`);
 * ``"non-finite weights"``: a parameter or floating-point buffer of the model is NaN / inf at the end
   of an epoch (checked once per epoch, before the epoch's checkpoint is written);
 * ``"non-finite predictions"``: an evaluation (the per-epoch test metrics, or the final point
@@ -37,6 +41,10 @@ per-step decision is the same everywhere (this assumes the optimizer's step retu
 value, as the suite's data-parallel optimizers do), except with ``perturbation = "local"``, where
 the SAM family returns each rank's own loss at ``w``; there a rank's decision is deferred to the end
 of the epoch (the ranks train the rest of that epoch; the record keeps the step that tripped). At
+A step that refuses a non-finite gradient (``"non-finite gradient"``, or ``"non-finite loss"``
+with its loss) stops the run at once on every rank: the descent gradient it checks is the
+all-reduced one, the same everywhere (with ``"local"`` a NaN at one rank's ``w`` reaches it through
+that rank's perturbed pass). At
 the end of every epoch the ranks agree with one all-reduce of the reasons (:func:`agree`), which
 also carries the main rank's per-epoch evaluation to the others. The final evaluation runs on the
 main rank only and needs no agreement.
@@ -55,6 +63,7 @@ from torch import nn
 
 __all__ = [
     "GROWTH",
+    "NONFINITE_GRADIENT",
     "NONFINITE_LOSS",
     "NONFINITE_PREDICTIONS",
     "NONFINITE_WEIGHTS",
@@ -71,11 +80,18 @@ __all__ = [
 ]
 
 NONFINITE_LOSS = "non-finite loss"
+NONFINITE_GRADIENT = "non-finite gradient"
 NONFINITE_WEIGHTS = "non-finite weights"
 NONFINITE_PREDICTIONS = "non-finite predictions"
 GROWTH = "loss grew by more than divergence_factor"
 #: Every reason a run is recorded as diverged, in the order :func:`agree` prefers them.
-REASONS: tuple[str, ...] = (NONFINITE_LOSS, NONFINITE_WEIGHTS, NONFINITE_PREDICTIONS, GROWTH)
+REASONS: tuple[str, ...] = (
+    NONFINITE_LOSS,
+    NONFINITE_GRADIENT,
+    NONFINITE_WEIGHTS,
+    NONFINITE_PREDICTIONS,
+    GROWTH,
+)
 #: Steps of the running mean (at most the steps of one epoch).
 WINDOW = 10
 #: Steps between two host reads of the training losses (:class:`StepLosses`); ``None``: the

@@ -26,8 +26,9 @@ ones within float32 rounding (``tests/test_compiled_step.py``). The batched m-sh
 (:mod:`optimizers.m_sharpness`) vectorises the eager module; the sub-batch loop
 (``batched_m = false``) runs the compiled one.
 
-A non-finite training loss, a training loss that grew by more than ``train.divergence_factor``,
-non-finite weights or non-finite test predictions stop the run with
+A non-finite training loss, a non-finite gradient refused by the optimizer's step
+(:class:`optimizers.step_protocol.NonFiniteGradient`), a training loss that grew by more than
+``train.divergence_factor``, non-finite weights or non-finite test predictions stop the run with
 :class:`experiments.divergence.Diverged` before the epoch's checkpoint is written (see that module).
 """
 
@@ -67,6 +68,7 @@ from optimizers import SWAG, convert_to_bayesian
 from optimizers.amp import LossScaler, SkipStep
 from optimizers.bayes.mc_dropout import dropout_modules
 from optimizers.bayes.sgvb import bayes_layers, kl_divergence
+from optimizers.step_protocol import NonFiniteGradient
 
 __all__ = ["STEP_HOOK", "Trainer", "build_model", "check_model"]
 
@@ -319,6 +321,8 @@ class Trainer:
                 self.scaler.update(True)
                 skipped += 1
                 loss = None
+            except NonFiniteGradient as exc:
+                self._stop_at_nonfinite_gradient(exc, losses, n_idx, epoch)
             self.scheduler.step()
             self.counters["step"] += 1
             if loss is not None:
@@ -350,6 +354,21 @@ class Trainer:
             row["loss_scale"] = self.scaler.scale
         row["seconds"] = time.perf_counter() - t0
         return row
+
+    def _stop_at_nonfinite_gradient(
+        self, exc: NonFiniteGradient, losses: dv.StepLosses, size: int, epoch: int
+    ) -> None:
+        """The step refused a NaN / inf gradient (the weights are those before it): the run stops as
+        diverged. The step's loss is read with the losses kept since the last read, so a NaN / inf
+        loss (or an earlier step's) is recorded as a loss check would record it; otherwise the
+        record is ``"non-finite gradient"`` with the optimizer's message."""
+        step = self.counters["step"] + 1
+        if exc.loss is not None:
+            losses.add(torch.tensor(exc.loss), step, size)
+        found = self.pending or losses.read(self.monitor, epoch + 1)
+        if found is None:
+            found = self.monitor.record(dv.NONFINITE_GRADIENT, step=step, epoch=epoch + 1, detail=str(exc))
+        raise dv.Diverged(found, self.run_dir) from exc
 
     def _test_metrics(self) -> dict[str, float]:
         probs = predict_probs(self.model, self.data.x_test, self.cfg["evaluation"]["batch_size"], self.device)

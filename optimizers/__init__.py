@@ -11,6 +11,7 @@ through :class:`optimizers.amp.LossScaler`.
 * :mod:`optimizers.sam`: SAM, ASAM, Fisher-SAM, Random/Mix-SAM, Variational SAM;
 * :mod:`optimizers.bayes`: MFVI, Bayesian-SAM, G-TRACER, SWAG/F-SWAG, F-SGLD;
 * :mod:`optimizers.perturbation`: the perturb -> closure -> restore -> base-step machinery;
+* :mod:`optimizers.step_protocol`: the split step's call order and the non-finite gradient rule;
 * :mod:`optimizers.m_sharpness`: the per-chunk gradients of m-sharpness (loop, vmap, direct);
 * :mod:`optimizers.amp`: the dynamic loss scaler for two-pass optimizers;
 * :mod:`optimizers.posterior`: the diagonal-Gaussian posterior API and Bayesian model averaging.

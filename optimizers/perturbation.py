@@ -19,7 +19,12 @@ gradient, Lightning, the HuggingFace ``Trainer``) call the halves, as in the one
     opt.second_step(zero_grad=True)          # w restored, base optimizer steps with that gradient
 
 ``step()`` after ``first_step`` is ``second_step()``; ``cancel_step()`` restores ``w`` without an
-update (e.g. after a loss-scale overflow). Weight decay stays in the base optimizer (not in the
+update (e.g. after a loss-scale overflow). The order of the calls is checked
+(:mod:`optimizers.step_protocol`): a call out of turn -- ``step(closure)`` or ``state_dict()`` while
+a step is open, ``second_step()`` without a backward pass since ``first_step()`` -- is refused and
+changes nothing, and a NaN / inf gradient raises
+:class:`~optimizers.step_protocol.NonFiniteGradient` with the weights left at ``w``, bit for bit.
+Weight decay stays in the base optimizer (not in the
 ascent). ``base_optimizer``: a ``torch.optim.Optimizer`` class (or factory ``f(param_groups, **kw)``)
 built on the wrapper's param groups, which it shares (LR schedulers act on the base optimizer);
 ``state_dict()``: :class:`optimizers.state.WrapperState`. ``self.last``: what the last step computed
@@ -69,6 +74,7 @@ from optimizers.m_sharpness import (
     summarise_stacked,
 )
 from optimizers.state import WrapperState
+from optimizers.step_protocol import IDLE, OPEN, SplitProtocol, check_finite, grad_marks
 
 __all__ = ["NORM_GUARD", "PerturbationOptimizer", "global_norm", "make_closure", "params_with_grad"]
 
@@ -109,7 +115,7 @@ def make_closure(
     return ChunkClosure(optimizer, model, loss_fn, inputs, targets, m_)
 
 
-class PerturbationOptimizer(WrapperState, torch.optim.Optimizer):
+class PerturbationOptimizer(SplitProtocol, WrapperState, torch.optim.Optimizer):
     """Base class of the perturb-then-descend optimizers (see the module docstring).
 
     Subclasses implement :meth:`_perturbation` (``eps`` for a stack of chunk gradients) and may
@@ -130,8 +136,9 @@ class PerturbationOptimizer(WrapperState, torch.optim.Optimizer):
     passes: int = 2
     #: hyperparameters that must be finite and >= 0 in every param group (per-group values too)
     _nonnegative_hparams: tuple[str, ...] = ("lr", "rho")
-    #: a step begun by first_step(): (params, saved weights, BatchNorm snapshot, diagnostics)
-    _split: tuple[list[torch.Tensor], list[torch.Tensor], list, dict[str, Any]] | None = None
+    #: the open step (between the halves): its params, their saved weights, the BatchNorm snapshot,
+    #: the diagnostics and (a step begun by first_step()) the gradients' marks (grad_marks)
+    _split: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -177,7 +184,12 @@ class PerturbationOptimizer(WrapperState, torch.optim.Optimizer):
             if key in group and key in self._nonnegative_hparams:
                 check_nonnegative(f"{key} (param group {index})", group[key])
 
+    @property
+    def step_state(self) -> str:
+        return IDLE if self._split is None else OPEN
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self._expect("add_param_group()", IDLE)
         given = list(param_group)  # the group's own values (the defaults were checked once, above)
         if "base_optimizer" not in self.__dict__:  # during __init__
             super().add_param_group(param_group)
@@ -208,8 +220,9 @@ class PerturbationOptimizer(WrapperState, torch.optim.Optimizer):
     def step(self, closure: Callable[..., Any] | None = None) -> torch.Tensor | None:  # type: ignore[override]
         """One step; returns the loss at ``w`` (the mean over chunks; single-pass methods: at the
         perturbed point). Without a closure after :meth:`first_step`: :meth:`second_step`."""
-        if closure is None and self._split is not None:  # a step begun with first_step()
+        if closure is None and self.step_state == OPEN:  # a step begun with first_step()
             return self.second_step()
+        self._expect("step(closure)", IDLE)
         self._check_closure(closure)
         self._begin_step()
         engine, mode = (
@@ -217,15 +230,15 @@ class PerturbationOptimizer(WrapperState, torch.optim.Optimizer):
         )
         stacked = self._chunk_step(engine, closure) if engine is not None else None
         if stacked is not None:
-            self.last = summarise_stacked(stacked)
+            last = summarise_stacked(stacked)
         else:
             if engine is not None:  # the engine failed on this model: the loop, from now on
                 mode = f"sequential: {self._batched_failed[id(closure.model)]}"
-            self.last = self._loop(closure)
+            last = self._loop(closure)
         if mode:
-            self.last["m_sharpness"] = self.config["m_sharpness"] = mode
-        self._descend()
-        return self.last["loss"]
+            last["m_sharpness"] = self.config["m_sharpness"] = mode
+        self._descend(last)
+        return last["loss"]
 
     def _loop(self, closure: Callable[..., Any]) -> dict[str, Any]:
         """The loop engine: the closure and the two halves, chunk by chunk (``2 m`` closure calls);
@@ -326,26 +339,33 @@ class PerturbationOptimizer(WrapperState, torch.optim.Optimizer):
         snap = bn_snapshot(self.model) if self.passes == 2 else []
         if params:
             torch._foreach_add_(params, [e[0] for e in eps])
-        self._split = (params, saved, snap, diag)
+        self._split = dict(params=params, saved=saved, snap=snap, diag=diag, marks=None)
         self.perturbed = True
 
-    def _restore(self, name: str = "") -> dict[str, Any]:
+    def _restore(self) -> dict[str, Any]:
         """``w`` and the BatchNorm statistics back as before :meth:`_first_half`; its diagnostics."""
-        if name and self._split is None:  # the split-step API called out of order
-            raise RuntimeError(f"{type(self).__name__}.{name} without first_step(): call first_step() first")
-        params, saved, snap, diag = self._split  # type: ignore[misc]
+        split = self._split
+        params, saved, snap = split["params"], split["saved"], split["snap"]  # type: ignore[index]
         self._split = None
         self.perturbed = False
         if params:  # no_grad: an exception may have left grad mode on while unwinding
             with torch.no_grad():
                 torch._foreach_copy_(params, saved)
         bn_restore(snap)
-        return diag
+        return split["diag"]  # type: ignore[index]
 
     def _pairs(self) -> list[tuple[dict[str, Any], torch.Tensor]]:
         return [(g, p) for g in self.param_groups for p in g["params"] if p.requires_grad]
 
-    def _descend(self) -> None:
+    def _descend(self, last: dict[str, Any]) -> None:
+        """The base step from ``p.grad`` (``w`` restored): the gradients checked (the norm of the
+        gradient at ``w`` the perturbation computed, ``last["grad_norm"]``, and the descent
+        gradient; :func:`optimizers.step_protocol.check_finite`), then ``self.last = last``,
+        :meth:`_adjust_descent` and the base optimizer's step."""
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        first = [last["grad_norm"]] if "grad_norm" in last else []
+        check_finite(self, first, grads, ("at w", "at w + eps"), last.get("loss"))
+        self.last = last
         self._adjust_descent()
         self.base_optimizer.step()
 
@@ -367,34 +387,33 @@ class PerturbationOptimizer(WrapperState, torch.optim.Optimizer):
     def first_step(self, zero_grad: bool = False) -> None:
         """``w <- w + eps`` from the gradients in ``p.grad`` (those at ``w``; single-pass methods
         need none); ``zero_grad=True`` then clears them for the pass at ``w + eps``."""
+        self._expect("first_step()", IDLE)
         self._check_split("first_step")
-        if self._split is not None:
-            raise RuntimeError(
-                f"{type(self).__name__}.first_step called twice; finish the step with second_step() "
-                "(or cancel_step()) first"
-            )
-        if self.passes == 2 and not params_with_grad(self.param_groups):
-            raise RuntimeError(
-                f"{type(self).__name__}.first_step needs the gradient at w: call loss.backward() "
-                "before it (no parameter has a .grad)"
-            )
+        params = [p for g in self.param_groups for p in g["params"]]
+        if self.passes == 2:
+            self._require_new_grads("first_step()", params, "w")
         self._begin_step()
         self._first_half()
         if zero_grad:
             self.zero_grad()
+        self._split["marks"] = grad_marks(params)  # type: ignore[index]
 
     @torch.no_grad()
     def second_step(self, zero_grad: bool = False) -> None:
         """Restore ``w`` (and the BatchNorm statistics) and let the base optimizer step with the
-        gradients in ``p.grad`` (those at ``w + eps``; clip them before this call if you clip)."""
-        self.last = dict(self._restore("second_step"))
-        self._descend()
+        gradients in ``p.grad`` (those at ``w + eps``; clip them before this call if you clip).
+        Refused, the step left open, when no backward pass wrote a gradient since :meth:`first_step`."""
+        self._expect("second_step()", OPEN)
+        params = [p for g in self.param_groups for p in g["params"]]
+        self._require_new_grads("second_step()", params, "w + eps", ("first_step()", self._split["marks"]))
+        self._descend(dict(self._restore()))
         if zero_grad:
             self.zero_grad()
 
     @torch.no_grad()
     def cancel_step(self, zero_grad: bool = True) -> None:
         """Undo :meth:`first_step` without an update: ``w`` and the BatchNorm statistics restored."""
-        self._restore("cancel_step")
+        self._expect("cancel_step()", OPEN)
+        self._restore()
         if zero_grad:
             self.zero_grad()

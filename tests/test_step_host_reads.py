@@ -10,14 +10,18 @@ m-sharpness variants) trains a few steps of a tiny MLP on the digits through the
 
 * inside ``opt.step`` nothing is read, except ``torch.optim``'s own step counter
   (``optimizer.state[p]["step"]`` of a ``torch.optim`` optimizer: a CPU tensor even when the
-  parameters live on a GPU, so not a device synchronisation), identified by the tensor read;
+  parameters live on a GPU, so not a device synchronisation), identified by the tensor read, and
+  the one read of the SAM family's and bSAM's gradient check (below);
 * the runner's own per-step code (``Trainer._epoch`` outside ``opt.step``) reads nothing outside
   its window reads (:meth:`experiments.divergence.StepLosses.read`, once every
   ``divergence.READ_EVERY`` steps and at the end of the epoch).
 
 G-TRACER decides on the host whether a step is finite (its ``FloatingPointError``) and how far to
 bound its correction: its step makes exactly one read, a single ``tolist`` of every number it needs
-(:data:`ONE_READ`).
+(:data:`ONE_READ`). Likewise the optimizers with a split step (the SAM family, bSAM: a
+:class:`optimizers.step_protocol.SplitProtocol`) refuse a NaN / inf gradient before their update
+(:func:`optimizers.step_protocol.check_finite`): one ``tolist`` of two flags per step
+(:data:`FINITE_READ`), and nothing else.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from experiments.methods import available_methods
 from experiments.parallel import DistContext
 from experiments.runner import plan_runs
 from experiments.train import Trainer
+from optimizers.step_protocol import SplitProtocol
 
 READS = {"aten._local_scalar_dense.default", "aten.is_nonzero.default"}
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +48,8 @@ BATCH, STEPS = 64, 3
 TRACERS = ("gtracer", "sgd_tracer", "adam_tracer")
 #: G-TRACER's one read per step: every number its host-side decisions need, in one transfer
 ONE_READ = [("Tensor.tolist", ("optimizers/bayes/tracer.py", "step"))]
+#: the gradient check of the optimizers with a split step: one read of two flags per step
+FINITE_READ = [("Tensor.tolist", ("optimizers/step_protocol.py", "check_finite"))]
 
 #: Method tables and hyperparameters some methods need (the runner's ConfigError names them).
 EXTRA: dict[str, dict] = {
@@ -146,6 +153,20 @@ def _count(monkeypatch, opt, run) -> _Reads:
     return mode
 
 
+def _checks_finite(opt) -> bool:
+    """Is ``opt``, or an optimizer it wraps, one with the split step's gradient check?"""
+    todo, seen = [opt], set()
+    while todo:
+        o = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, SplitProtocol):
+            return True
+        todo += [v for v in vars(o).values() if isinstance(v, torch.optim.Optimizer)]
+    return False
+
+
 def _trainer(tmp: Path, name: str, entry: dict) -> Trainer:
     model_kwargs = {"sizes": [64, 8, 10], "activation": "tanh"}
     if "mc_dropout" in entry:
@@ -186,5 +207,6 @@ def test_no_host_reads_per_step(tmp_path, monkeypatch, name, entry):
     got: dict[int, list] = {}
     for _, s, what, where in mode.found:
         got.setdefault(s, []).append((what, where))
-    allowed = {s: ONE_READ for s in range(1, STEPS + 1)} if name in TRACERS else {}
+    one = ONE_READ if name in TRACERS else FINITE_READ if _checks_finite(t.opt) else None
+    allowed = {s: one for s in range(1, STEPS + 1)} if one else {}
     assert got == allowed, f"{name}: host reads inside opt.step, by step: {got}"

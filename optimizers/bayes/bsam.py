@@ -32,6 +32,7 @@ from optimizers.posterior import (
     resolve_generator,
 )
 from optimizers.state import GeneratorStateMixin
+from optimizers.step_protocol import IDLE, OPEN, check_finite
 
 __all__ = ["BayesianSAM"]
 
@@ -183,6 +184,7 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group; the hyperparameters it sets itself are checked like the constructor's (the
         defaults were checked once, there)."""
+        self._expect("add_param_group()", IDLE)
         given = set(param_group)
         super().add_param_group(param_group)
         group, i = self.param_groups[-1], len(self.param_groups) - 1
@@ -423,9 +425,10 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
 
         Without a closure after :meth:`first_step`: :meth:`second_step` (returns ``None``).
         """
-        if closure is None and self._split is not None:  # a step begun with first_step()
+        if closure is None and self.step_state == OPEN:  # a step begun with first_step()
             self.second_step()
             return None
+        self._expect("step()" if closure is None else "step(closure)", IDLE)
         if closure is None or not callable(closure):
             raise ValueError(
                 "BayesianSAM.step needs a closure that zeroes grads, runs forward and backward and returns "
@@ -445,6 +448,8 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
             if engine is not None:  # the engine failed on this model: the loop, from now on
                 mode = f"sequential: {self._batched_failed[id(closure.model)]}"
             sums = self._loop(closure, fs)
+        first = sums["gnorm"] if "gnorm" in sums else [sums["grad_norm"]]
+        check_finite(self, first, sums["g_eps"], self._points(), sums["losses"])
         self._update(fs, sums["g_eps"], sums["h"], sums["active"], set_grads=self.m > 1)
         if "grad_norm" in sums:
             norms = (sums["grad_norm"], sums["eps_norm"], sums["noise_norm"])

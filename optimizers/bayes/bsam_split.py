@@ -23,7 +23,11 @@ The split-step interface of the SAM family (:mod:`optimizers.perturbation`) for
 
 The update equals ``step(closure)``'s (m = 1) bit for bit: the same helpers run the same
 operations in the same order (``tests/test_split_step.py``). The passes' losses are the caller's,
-so ``last["loss"]`` and ``last["loss_perturbed"]`` are NaN after a split step.
+so ``last["loss"]`` and ``last["loss_perturbed"]`` are NaN after a split step. The calls follow
+the protocol of :mod:`optimizers.step_protocol` (states ``idle`` -> ``noise`` -> ``open``; a call out
+of turn is refused and changes nothing, the generator included; ``cancel_step()`` undoes
+``noise_step()`` or ``first_step()``); a NaN / inf gradient raises
+:class:`~optimizers.step_protocol.NonFiniteGradient` with the weights left at ``w``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ from typing import Any
 import torch
 
 from optimizers.bn_state import bn_restore, bn_snapshot
+from optimizers.step_protocol import (
+    IDLE,
+    NOISE,
+    OPEN,
+    SplitProtocol,
+    StepOrderError,
+    check_finite,
+    grad_marks,
+)
 
 __all__ = ["BSAMSplitStep", "FlatState", "sum_sq"]
 
@@ -169,11 +182,12 @@ class FlatState:
         return torch.cat(parts)
 
 
-class BSAMSplitStep:
+class BSAMSplitStep(SplitProtocol):
     """Mixin of :class:`optimizers.BayesianSAM`: the pieces of a step and the split-step API."""
 
     _split: dict[str, Any] | None = None
     _flat_state: FlatState | None = None
+    perturbed: bool = False  # between first_step() and the end of the step: at w + eps
 
     # ---- the flat state and the pieces, shared with the closure step ---------------------------
     def _flat(self) -> FlatState:
@@ -226,94 +240,106 @@ class BSAMSplitStep:
             fs.write([i for i, h in enumerate(have) if h])
         return hs, _norm(eps_n), _norm(g_n)
 
-    # ---- the split-step API ----------------------------------------------------------------------
-    def _split_start(self, name: str) -> FlatState:
+    # ---- the split-step API (the protocol: optimizers.step_protocol) ----------------------------
+    @property
+    def step_state(self) -> str:
+        return IDLE if self._split is None else self._split["state"]
+
+    def _step_fix(self, state: str) -> str:
+        if state == IDLE and self.noise:
+            return (
+                "begin a step with noise_step() before the first forward pass (bSAM takes its first "
+                "gradient at the noisy point w + e; noise=False leaves the noise out)"
+            )
+        return super()._step_fix(state)
+
+    def _points(self) -> tuple[str, str]:
+        """Where the two passes' gradients are taken (for the non-finite gradient error)."""
+        return ("at w + e" if self.noise else "at w", "at w + eps")
+
+    def _check_m(self, name: str) -> None:
         if self.m != 1:
             raise ValueError(
                 f"BayesianSAM.{name}: the split step takes one perturbation per step; with m={self.m} "
                 "use step(closure) with closure(chunk)"
             )
-        return self._flat()
+
+    def _open_flat(self, call: str) -> FlatState:
+        """The open step's :class:`FlatState`, refused if the parameters or the state changed."""
+        fs = self._split["fs"]  # type: ignore[index]
+        if not fs.valid(self._params(), self.state):
+            raise StepOrderError(
+                f"BayesianSAM.{call} refused: the parameters, their groups or the optimizer's state "
+                "changed since the step began; undo the step with cancel_step()"
+            )
+        return fs
+
+    def _close(self) -> dict[str, Any]:
+        """End the open step: ``w`` and the BatchNorm statistics restored; the step's record."""
+        state = self._split
+        self._split, self.perturbed = None, False
+        state["fs"].restore()  # type: ignore[index]
+        bn_restore(state.get("snap", []))  # type: ignore[union-attr]
+        return state  # type: ignore[return-value]
 
     @torch.no_grad()
     def noise_step(self) -> None:
         """``w <- w + e``, ``e ~ N(0, 1 / (N s))``: before the first forward pass of a split step."""
-        fs = self._split_start("noise_step")
-        if self._split is not None:
-            raise RuntimeError(
-                "BayesianSAM.noise_step: a step is already under way; finish it with second_step()"
-            )
+        self._expect("noise_step()", IDLE)
+        self._check_m("noise_step")
         if not self.noise:
             raise RuntimeError(
                 "BayesianSAM.noise_step: this optimizer was built with noise=False; call first_step()"
             )
+        fs = self._flat()
         fs.save()
         noise = [self._add_noise(fs)] if fs.params else []
-        self._split = {"stage": "noise", "fs": fs, "noise": noise}
+        self._split = {"state": NOISE, "fs": fs, "noise": noise, "marks": grad_marks(fs.params)}
 
     @torch.no_grad()
     def first_step(self, zero_grad: bool = False) -> None:
         """From the gradients in ``p.grad`` (at ``w + e``, or ``w`` without noise): ``w`` restored,
-        then ``w <- w + rho g / s``; ``zero_grad=True`` clears the gradients for the next pass."""
-        fs = self._split_start("first_step")
+        then ``w <- w + rho g / s``; ``zero_grad=True`` clears the gradients for the next pass.
+        Refused, the step left open, when no backward pass wrote a gradient since :meth:`noise_step`."""
+        self._expect("first_step()", NOISE if self.noise else IDLE)
+        self._check_m("first_step")
         state = self._split
-        if self.noise and (state is None or state["stage"] != "noise"):
-            raise RuntimeError(
-                "BayesianSAM.first_step: bSAM takes its first gradient at the noisy point w + e; call "
-                "opt.noise_step() before the first forward pass (or build the optimizer with noise=False)"
-            )
-        if state is not None and state["stage"] != "noise":
-            raise RuntimeError("BayesianSAM.first_step called twice; finish the step with second_step()")
         if state is None:
+            fs = self._flat()
+            self._require_new_grads("first_step()", fs.params, "w")
             fs.save()
-            noise: list[torch.Tensor] = []
         else:
-            noise = state["noise"]
-            if state["fs"] is not fs:  # the state was rebuilt since noise_step (a loaded state dict)
-                state["fs"].restore()
-                fs.save()
+            fs = self._open_flat("first_step()")
+            self._require_new_grads("first_step()", fs.params, "w + e", ("noise_step()", state["marks"]))
         grads = [p.grad for p in fs.params]
-        if all(g is None for g in grads):
-            if state is not None:
-                fs.restore()
-            self._split = None
-            raise RuntimeError("BayesianSAM.first_step needs the gradients: call loss.backward() before it")
         snap = bn_snapshot(self.model)
         h, eps_n, g_n = self._ascend(fs, grads)  # type: ignore[misc]
         self._split = dict(
-            stage="ascent",
+            state=OPEN,
             fs=fs,
             snap=snap,
             got=[g is not None for g in grads],
             h=h,
-            noise=noise,
+            noise=[] if state is None else state["noise"],
             eps=[eps_n],
             gnorm=[g_n],
         )
         self.perturbed = True
         if zero_grad:
             self.zero_grad()
-
-    def _split_restore(self, name: str) -> dict[str, Any]:
-        state = self._split
-        if state is None or state["stage"] == "noise" and name == "second_step":
-            raise RuntimeError(f"BayesianSAM.{name} without first_step(): call first_step() first")
-        self._split, self.perturbed = None, False
-        state["fs"].restore()
-        bn_restore(state.get("snap", []))
-        return state
+        self._split["marks"] = grad_marks(fs.params)
 
     @torch.no_grad()
     def second_step(self, zero_grad: bool = False) -> None:
-        """``w`` restored, then Alg. 1's update from the gradients in ``p.grad`` (at ``w + eps``)."""
-        fs = self._split_start("second_step")
-        state = self._split_restore("second_step")
-        if state["fs"] is not fs:  # rebuilt since first_step: its h no longer lines up with fs
-            raise RuntimeError(
-                "BayesianSAM.second_step: the optimizer's parameters or state changed since first_step()"
-            )
+        """``w`` restored, then Alg. 1's update from the gradients in ``p.grad`` (at ``w + eps``).
+        Refused, the step left open, when no backward pass wrote a gradient since :meth:`first_step`."""
+        self._expect("second_step()", OPEN)
+        fs = self._open_flat("second_step()")
+        self._require_new_grads("second_step()", fs.params, "w + eps", ("first_step()", self._split["marks"]))
+        state = self._close()
         grads = [p.grad for p in fs.params]
         g_eps = [fs.gather(b, grads, scratch=True) for b in fs.buckets]
+        check_finite(self, state["gnorm"], g_eps, self._points())
         active = [a or g is not None for a, g in zip(state["got"], grads)]
         self._update(fs, g_eps, state["h"], active, set_grads=False)
         nan = fs.params[0].new_full((), float("nan")) if fs.params else torch.tensor(float("nan"))
@@ -324,6 +350,7 @@ class BSAMSplitStep:
     @torch.no_grad()
     def cancel_step(self, zero_grad: bool = True) -> None:
         """Undo :meth:`noise_step` / :meth:`first_step` without an update."""
-        self._split_restore("cancel_step")
+        self._expect("cancel_step()", NOISE, OPEN)
+        self._close()
         if zero_grad:
             self.zero_grad()
