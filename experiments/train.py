@@ -65,7 +65,7 @@ from landscape.cli_common import interrupts_deferred
 from landscape.data import CHANNEL_STATS, black_fill, random_crop_flip, random_hflip
 from landscape.models import model_factory
 from optimizers import SWAG, convert_to_bayesian
-from optimizers.amp import LossScaler, SkipStep
+from optimizers.amp import LossScaler, ScaleUnderflow, SkipStep
 from optimizers.bayes.mc_dropout import dropout_modules
 from optimizers.bayes.sgvb import bayes_layers, kl_divergence
 from optimizers.step_protocol import NonFiniteGradient
@@ -318,7 +318,10 @@ class Trainer:
                     loss = self.opt.step(self.closures(x, y, n_idx, self.scaler))
                 self.scaler.update(False)
             except SkipStep:
-                self.scaler.update(True)
+                try:
+                    self.scaler.update(True)
+                except ScaleUnderflow as exc:  # non-finite at every scale: not an fp16 overflow
+                    self._stop_at_nonfinite_gradient(exc, losses, n_idx, epoch)
                 skipped += 1
                 loss = None
             except NonFiniteGradient as exc:
@@ -356,15 +359,17 @@ class Trainer:
         return row
 
     def _stop_at_nonfinite_gradient(
-        self, exc: NonFiniteGradient, losses: dv.StepLosses, size: int, epoch: int
+        self, exc: NonFiniteGradient | ScaleUnderflow, losses: dv.StepLosses, size: int, epoch: int
     ) -> None:
-        """The step refused a NaN / inf gradient (the weights are those before it): the run stops as
+        """The step refused a NaN / inf gradient (the weights are those before it), or the loss
+        scaler found it non-finite at every scale down to its ``min_scale``: the run stops as
         diverged. The step's loss is read with the losses kept since the last read, so a NaN / inf
         loss (or an earlier step's) is recorded as a loss check would record it; otherwise the
         record is ``"non-finite gradient"`` with the optimizer's message."""
         step = self.counters["step"] + 1
-        if exc.loss is not None:
-            losses.add(torch.tensor(exc.loss), step, size)
+        loss = getattr(exc, "loss", None)  # ScaleUnderflow: the skipped step returned no loss
+        if loss is not None:
+            losses.add(torch.tensor(loss), step, size)
         found = self.pending or losses.read(self.monitor, epoch + 1)
         if found is None:
             found = self.monitor.record(dv.NONFINITE_GRADIENT, step=step, epoch=epoch + 1, detail=str(exc))

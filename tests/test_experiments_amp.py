@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.nn.utils import parameters_to_vector
 
+from experiments import divergence as dv
 from experiments.config import load_config
 from experiments.parallel import DistContext
 from experiments.runner import plan_runs
@@ -93,6 +94,24 @@ def test_overflowing_steps_are_skipped_and_the_scale_lowered(tmp_path):
     assert len(t.inner.base_optimizer.state) == 0  # no momentum buffer was created
     assert t.scaler.scale == 2.0 ** (120 - steps)
     assert [r["skipped_steps"] for r in t.history] == [6, 6]
+
+
+def test_gradients_non_finite_at_every_scale_record_the_run_as_diverged(tmp_path):
+    """A scale that would fall below min_scale (every gradient inf at 4, 2 and 1) stops the run as
+    diverged with reason "non-finite gradient" at the step that tripped it, the weights untouched."""
+    t = trainer(tmp_path, "sam")
+
+    class Overflowing(LossScaler):
+        def scale_loss(self, loss):
+            return loss * (self.scale * 2.0**200)
+
+    t.scaler = Overflowing(enabled=True, init_scale=4.0)
+    before = weights(t)
+    with pytest.raises(dv.Diverged, match="non-finite gradient at step 3") as err:
+        t.fit()
+    assert err.value.record.reason == dv.NONFINITE_GRADIENT and "below min_scale=1" in err.value.record.detail
+    assert t.scaler.scale == 1.0 and t.scaler.skipped == 2
+    assert torch.equal(weights(t), before)
 
 
 def test_loss_scaler_grows_and_backs_off_like_grad_scaler():
