@@ -127,6 +127,16 @@ class LossScaler:
         ``forward(chunk)`` is called with the sub-batch index when the optimizer runs m-sharpness
         (``m > 1``); otherwise ``forward()``.
         """
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ArgumentTypeError(
+                f"LossScaler.step: optimizer must be a torch.optim.Optimizer (e.g. optimizers.SAM), got "
+                f"{type(optimizer).__name__}; call it as scaler.step(opt, forward)"
+            )
+        if not callable(forward):
+            raise ArgumentTypeError(
+                f"LossScaler.step: forward must be a function returning the batch's loss (forward only, "
+                f"no backward), got {type(forward).__name__}"
+            )
         params = [p for group in optimizer.param_groups for p in group["params"]]
         chunked = int(getattr(optimizer, "m", 1)) > 1
 

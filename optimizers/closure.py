@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ChunkClosure", "accepts_chunk"]
+__all__ = ["ChunkClosure", "accepts_chunk", "check_closure_grads"]
 
 
 class ChunkClosure:
@@ -68,3 +68,14 @@ def accepts_chunk(closure: Callable[..., Any]) -> bool:
     if key is not None and len(_ACCEPTS_CHUNK) < 4096:
         _ACCEPTS_CHUNK[key] = ok
     return ok
+
+
+def check_closure_grads(params: Any, who: str) -> None:
+    """The closure contract: its backward pass wrote a gradient (the step set every ``.grad`` to
+    ``None`` before calling it); a closure without ``loss.backward()`` would give a silent no-op."""
+    if not any(p.grad is not None for p in params):
+        raise ValueError(
+            f"{who}.step: the closure computed no gradient (no parameter has a .grad after it): call "
+            "loss.backward() inside the closure before `return loss`; the weights were left as before "
+            "the step"
+        )

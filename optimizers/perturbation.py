@@ -64,7 +64,7 @@ from torch import nn
 from landscape.checks import check_nonnegative
 from landscape.deprecation import moved_names
 from optimizers.bn_state import bn_restore, bn_snapshot
-from optimizers.closure import ChunkClosure, accepts_chunk
+from optimizers.closure import ChunkClosure, accepts_chunk, check_closure_grads
 from optimizers.m_sharpness import (
     NotVectorisable,
     choose_engine,
@@ -308,6 +308,7 @@ class PerturbationOptimizer(SplitProtocol, WrapperState, torch.optim.Optimizer):
                 f"{type(self).__name__}.step: closure must return the loss (it returned None); end the "
                 "closure with `return loss` after loss.backward()"
             )
+        check_closure_grads((p for g in self.param_groups for p in g["params"]), type(self).__name__)
         if not isinstance(loss, torch.Tensor):
             loss = torch.as_tensor(loss)
         return loss.detach() if loss.requires_grad else loss  # a detached loss as it is (no alias)
@@ -396,7 +397,7 @@ class PerturbationOptimizer(SplitProtocol, WrapperState, torch.optim.Optimizer):
         self._first_half()
         if zero_grad:
             self.zero_grad()
-        self._split["marks"] = grad_marks(params)  # type: ignore[index]
+        self._split.update(marked=params, marks=grad_marks(params))  # type: ignore[union-attr]
 
     @torch.no_grad()
     def second_step(self, zero_grad: bool = False) -> None:

@@ -173,6 +173,15 @@ class SplitProtocol:
             f"{point} and call {call} again{still}"
         )
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """``torch.optim``'s ``zero_grad``; while a step is open the cleared gradients count as not
+        written (``set_to_none=False`` zeroes them in place, which a backward pass's version check
+        could not tell from a new gradient), so the next half still needs a backward pass."""
+        super().zero_grad(set_to_none)  # type: ignore[misc]
+        split = getattr(self, "_split", None)
+        if split is not None and "marked" in split:
+            split["marks"] = grad_marks(split["marked"])
+
     def state_dict(self) -> dict[str, Any]:
         self._expect("state_dict()", IDLE)
         return super().state_dict()  # type: ignore[misc]

@@ -439,3 +439,35 @@ def test_runner_records_a_nonfinite_gradient_as_diverged(tmp_path, monkeypatch, 
         assert div["reason"] == "non-finite loss" and math.isnan(div["loss"])
     else:
         assert div["reason"] == "non-finite gradient" and "non-finite gradient (NaN or inf)" in div["detail"]
+
+
+# ---- fresh cases: a closure without backward, gradients zeroed in place mid-step ----------------
+@pytest.mark.parametrize("name", ["sam", "bsam"])
+def test_a_closure_without_backward_is_refused_with_the_weights_untouched(name):
+    model, opt, x, y = _setup(name)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"closure computed no gradient .* call loss.backward\(\)"):
+        opt.step(lambda: LOSS(model(x), y))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert opt.step_state == IDLE
+
+
+def test_gradients_zeroed_in_place_after_first_step_are_not_a_new_gradient():
+    model, opt, x, y = _setup("sam")
+    LOSS(model(x), y).backward()
+    opt.first_step()  # gradients at w kept
+    opt.zero_grad(set_to_none=False)  # zeroed in place: a version bump, not a backward pass
+    with pytest.raises(StepOrderError, match="no parameter has a gradient written since first_step"):
+        opt.second_step()
+    assert opt.step_state == OPEN
+    LOSS(model(x), y).backward()
+    opt.second_step()
+    assert opt.step_state == IDLE
+
+
+def test_loss_scaler_step_names_a_wrong_argument():
+    model, opt, x, y = _setup("sam")
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        LossScaler().step(None, lambda: LOSS(model(x), y))
+    with pytest.raises(TypeError, match="forward must be a function"):
+        LossScaler().step(opt, 3)

@@ -15,7 +15,7 @@ from torch import nn
 from landscape.checks import check_range
 from optimizers.bayes.bsam_split import BSAMSplitStep, FlatState
 from optimizers.bn_state import bn_restore, bn_snapshot
-from optimizers.closure import accepts_chunk
+from optimizers.closure import accepts_chunk, check_closure_grads
 from optimizers.m_sharpness import (
     NotVectorisable,
     choose_engine,
@@ -214,7 +214,9 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
             p.grad = None
         with torch.enable_grad():
             loss = closure() if chunk is None else closure(chunk)
-        return check_closure_loss(loss, "BayesianSAM").detach()
+        loss = check_closure_loss(loss, "BayesianSAM").detach()
+        check_closure_grads(params, "BayesianSAM")
+        return loss
 
     def _loop(self, closure: Callable[..., Any], fs: FlatState) -> dict[str, Any]:
         """The loop engine: per sub-batch the pieces of :meth:`noise_step` (``_add_noise``), the

@@ -294,7 +294,13 @@ class BSAMSplitStep(SplitProtocol):
         fs = self._flat()
         fs.save()
         noise = [self._add_noise(fs)] if fs.params else []
-        self._split = {"state": NOISE, "fs": fs, "noise": noise, "marks": grad_marks(fs.params)}
+        self._split = {
+            "state": NOISE,
+            "fs": fs,
+            "noise": noise,
+            "marked": fs.params,
+            "marks": grad_marks(fs.params),
+        }
 
     @torch.no_grad()
     def first_step(self, zero_grad: bool = False) -> None:
@@ -327,7 +333,7 @@ class BSAMSplitStep(SplitProtocol):
         self.perturbed = True
         if zero_grad:
             self.zero_grad()
-        self._split["marks"] = grad_marks(fs.params)
+        self._split.update(marked=fs.params, marks=grad_marks(fs.params))
 
     @torch.no_grad()
     def second_step(self, zero_grad: bool = False) -> None:
