@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import landscape as ls  # noqa: E402
 from landscape.data import load_digits  # noqa: E402
+from landscape.io import atomic_savefig  # noqa: E402
 from landscape.models import MLP, train  # noqa: E402
 
 
@@ -98,8 +99,7 @@ def main() -> None:
     ax.set_ylabel("training loss")
     ax.set_title("1-D slice through the minimum")
     ax.legend()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110, bbox_inches="tight")
+    atomic_savefig(args.out, fig, dpi=110, bbox_inches="tight")
     print(f"wrote {args.out}")
 
 

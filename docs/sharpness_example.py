@@ -20,6 +20,7 @@ from torch import nn
 
 import landscape as ls
 from landscape.data import load_digits
+from landscape.io import atomic_write_text
 from landscape.sharpness import SharpnessReport
 from optimizers import SAM
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, SharpnessReport]:
         args.out.mkdir(parents=True, exist_ok=True)
         for name, rep in reports.items():
             rep.to_json(args.out / f"{name.lower()}.json")
-        (args.out / "table.md").write_text(table + "\n", encoding="utf-8")
+        atomic_write_text(args.out / "table.md", table + "\n")
     return reports
 
 

@@ -28,8 +28,17 @@ from experiments.parallel import from_environment
 from experiments.runner import plan_runs, resolve_device, run_one, validate
 from experiments.table import aggregate, collect_runs, format_table, plot_table, write_text
 from experiments.toml_writer import dumps
-from landscape.cli_common import CliError, Parser, Terminated, UsageError, add_debug_option, note, run_cli
-from sharpscape.resources import format_config_list, resolve_config
+from landscape.cli_common import (
+    CliError,
+    Parser,
+    Terminated,
+    UsageError,
+    add_debug_option,
+    check_path,
+    note,
+    run_cli,
+)
+from sharpscape.resources import format_config_list, resolve_config, wrong_config
 
 __all__ = ["main"]
 
@@ -104,8 +113,7 @@ def _parser(prog: str = "python -m experiments") -> Parser:
 
 def _run(args: Any) -> int:
     if args.list_configs:
-        study = f"{args.prog}.study" if args.prog.endswith("experiments") else f"{args.prog} study"
-        print(format_config_list(f"{args.prog} run", study), end="")
+        print(format_config_list(args.prog), end="")
         return 0
     if args.config is None:
         raise UsageError(
@@ -113,6 +121,16 @@ def _run(args: Any) -> int:
             f"give a TOML file or an example config's name (`{args.prog} run --list-configs`)",
         )
     args.config = resolve_config(args.config)
+    check_path(
+        args.config,
+        "config",
+        read=True,
+        missing_fix="give the path of a TOML config, e.g. configs/digits_sam_vs_sgd.toml, or the name of "
+        f"an installed example config (`{args.prog} run --list-configs`)",
+    )
+    wrong = wrong_config(args.config, "run", args.prog)
+    if wrong:
+        raise UsageError(*wrong)
     if args.estimate and args.dry_run:
         raise UsageError("--estimate and --dry-run cannot be combined", "give one of them")
     if args.estimate_steps < 1:
@@ -124,12 +142,6 @@ def _run(args: Any) -> int:
         runs = plan_runs(cfg)
         if not args.estimate:  # --estimate checks each (variant, method) and reports its error in its row
             validate(runs)
-    except FileNotFoundError as exc:
-        raise UsageError(
-            str(exc),
-            "give the path of a TOML config, e.g. configs/digits_sam_vs_sgd.toml, or the name of an "
-            f"installed example config (`{args.prog} run --list-configs`)",
-        ) from None
     except ConfigError as exc:
         raise UsageError(str(exc), "fix the config file or the key=value override") from None
     if args.dry_run:
@@ -147,6 +159,9 @@ def _run(args: Any) -> int:
         torch.set_num_threads(cfg["threads"])
     if args.estimate:
         return _estimate(runs, device, args.estimate_steps)
+    check_path(cfg["out_dir"], "out_dir", "directory")
+    for r in runs:  # a file where one of its run directories (out_dir/NAME/...) would be
+        check_path(r.run_dir, "run directory", "directory")
     ctx = from_environment(cfg["distributed"], device)
     mine = ctx.my_runs(runs)
     progress = cfg["progress"] and not args.no_progress
@@ -214,6 +229,19 @@ def _report_diverged(diverged: list[tuple[Any, dict[str, Any]]], total: int) -> 
 
 
 def _table(args: Any) -> int:
+    for path in args.runs:
+        wrong = wrong_config(path, "results", args.prog)
+        if wrong:
+            raise UsageError(*wrong)
+        check_path(
+            path,
+            "RUN_DIR",
+            "any",
+            read=True,
+            missing_fix=f"give run directories written by `{args.prog} run`",
+        )
+    check_path(args.out, "--out")
+    check_path(args.plot, "--plot")
     try:
         rows = collect_runs(args.runs)
     except FileNotFoundError as exc:

@@ -12,7 +12,10 @@ holder's PID, host, start time and command, and the fix) and writes nothing ther
 process that is gone (same host, PID not alive or reused) is *stale*: it is taken over, with a note.
 A lock of another host is never guessed about: the refusal names the file to delete if nothing on
 that host uses the directory any more. Processes on one host that see different PID namespaces
-(containers sharing a host name and a volume) are not told apart.
+(containers sharing a host name and a volume) are not told apart. A ``.lock`` that is not one of
+these (binary or corrupt content, an impossible PID such as a negative or overflowing number, a
+directory) is reported as a lock file not written by sharpscape, naming the file and its content,
+never guessed about (:func:`landscape.cli_common.foreign_lock`).
 
 Under ``torch.distributed`` data parallelism only rank 0 (:attr:`DistContext.is_main`) takes the
 lock; the other ranks learn whether it succeeded through one ``all_reduce``. A deep ensemble's
@@ -32,7 +35,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from landscape.cli_common import CliError, note
+from landscape.cli_common import CliError, foreign_lock, lock_pid, note, pid_alive, read_lock
+from landscape.io import require_path
 
 __all__ = ["LOCK_NAME", "RunLock", "RunLocked", "acquire", "run_dir_lock"]
 
@@ -53,36 +57,25 @@ def _proc_start(pid: int) -> int | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    except OSError:
-        return True
-    return True
-
-
-def _read(lock: Path) -> tuple[str | None, dict[str, Any] | None]:
-    """``(text, info)`` of the lock file; ``(None, None)`` if there is none. An empty file (the
+def _read(lock: Path) -> tuple[bytes | None, dict[str, Any] | None]:
+    """``(content, info)`` of the lock file; ``(None, None)`` if there is none; ``info`` is ``None``
+    unless the content is a runner's lock (UTF-8 JSON with a valid ``pid``). An empty file (the
     moment between ``O_EXCL`` creation and the write) is re-read for up to two seconds."""
+    raw: bytes | None = b""
     for _ in range(20):
-        try:
-            text = lock.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        raw = read_lock(lock)
+        if raw is None:
             return None, None
-        except OSError:
-            text = ""
-        if text.strip():
+        if raw.strip():
             try:
-                info = json.loads(text)
-            except ValueError:
-                return text, None
-            return text, info if isinstance(info, dict) and isinstance(info.get("pid"), int) else None
+                info = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                return raw, None
+            pid = info.get("pid") if isinstance(info, dict) else None
+            valid = isinstance(pid, int) and lock_pid(pid) is not None  # written as a number
+            return raw, info if valid else None
         time.sleep(0.1)
-    return text, None
+    return raw, None
 
 
 def _holder(info: dict[str, Any]) -> str:
@@ -99,7 +92,7 @@ def _stale(info: dict[str, Any]) -> bool | None:
     pid = int(info["pid"])
     if pid == os.getpid():
         return False  # this very process (another thread, or a nested run of the same directory)
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return True
     recorded, now = info.get("proc_start"), _proc_start(pid)
     return isinstance(recorded, int) and now is not None and now != recorded  # the PID was reused
@@ -128,7 +121,7 @@ def _create(lock: Path, text: str) -> bool:
         tmp.unlink(missing_ok=True)
 
 
-def _take_over(lock: Path, seen: str) -> None:
+def _take_over(lock: Path, seen: bytes) -> None:
     """Remove the stale lock whose text is ``seen``: moved aside atomically first, so that of two
     processes taking it over at once only one removes it; a fresh lock moved by mistake (another
     process took over between our read and the move) is put back."""
@@ -138,7 +131,7 @@ def _take_over(lock: Path, seen: str) -> None:
     except FileNotFoundError:
         return
     try:
-        if aside.read_text(encoding="utf-8") != seen:
+        if read_lock(aside) != seen:
             with contextlib.suppress(OSError):
                 os.link(aside, lock)
     finally:
@@ -153,14 +146,14 @@ class RunLock:
 
     def release(self) -> None:
         with contextlib.suppress(OSError):
-            if self.path.read_text(encoding="utf-8") == self.text:
+            if read_lock(self.path) == self.text.encode("utf-8"):
                 self.path.unlink()
 
 
 def acquire(run_dir: str | os.PathLike, *, command: list[str] | None = None) -> RunLock:
     """Take the lock of ``run_dir`` (created if missing); raises :class:`RunLocked` if another live
     runner, a runner of another host or an unreadable lock file holds it (see the module docstring)."""
-    run_dir = Path(run_dir)
+    run_dir = require_path(run_dir, "directory", option="run directory")
     lock = run_dir / LOCK_NAME
     info = {
         "pid": os.getpid(),
@@ -179,11 +172,7 @@ def acquire(run_dir: str | os.PathLike, *, command: list[str] | None = None) -> 
                 return RunLock(lock, text)
             continue  # another runner created it first: look at it
         if held is None:
-            raise RunLocked(
-                f"run directory {run_dir} holds a lock file {lock} that is not a runner's lock "
-                f"(content {seen.strip()[:80]!r})",
-                "if no runner uses this directory, delete the lock file and run again",
-            )
+            raise foreign_lock(lock, seen, f"the run directory {run_dir}", RunLocked)
         stale = _stale(held)
         if stale is None:
             raise RunLocked(

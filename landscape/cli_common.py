@@ -6,9 +6,12 @@
 * argument types (:func:`positive_int`, :func:`finite_float`, ...);
 * models and checkpoints (``--model``, ``--model-arg``, ``--state-dict``) are in
   :mod:`landscape.cli_models`, built on the errors defined here;
-* data (:func:`load_data`), devices and output paths;
+* data (:func:`load_data`), devices, and every path argument (:func:`check_path`: the kind of path,
+  a trailing slash, the parent directories, a missing input, an unwritable location; one place for
+  every command, built on :func:`landscape.io.require_path`);
 * SIGTERM delivered as ``KeyboardInterrupt`` (:func:`sigterm_raises_interrupt`) and an exclusive
-  lock file next to an output (:func:`output_lock`).
+  lock file next to an output (:func:`output_lock`); lock files of other programs, or corrupt ones,
+  are named as such, never guessed about (:func:`lock_pid`, :func:`foreign_lock`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 import torch
 
 from landscape.data import load_dataset
+from landscape.io import PathError, require_path
 
 DASH = " — "
 
@@ -135,6 +139,8 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
     """``(exit status, "error: what — fix")`` for any exception."""
     if isinstance(exc, CliError):
         return exc.status, f"error: {one_line(exc.what)}{DASH}{one_line(exc.fix)}"
+    if isinstance(exc, PathError):
+        return 2 if exc.usage else 1, f"error: {one_line(exc.what)}{DASH}{one_line(exc.fix)}"
     if isinstance(exc, Terminated):
         return 143, "error: terminated by SIGTERM" + DASH + "nothing was saved; run the command again"
     if isinstance(exc, KeyboardInterrupt):
@@ -238,21 +244,73 @@ interrupts_deferred = _Deferred()
 
 
 # ------------------------------------------------------------------------------------- lock files
-def _pid_alive(pid: int) -> bool:
+#: the largest PID a lock file may name: Linux PIDs stay below 2**22, every system's below 2**31
+_PID_MAX = 2**31 - 1
+
+
+def lock_pid(value: Any) -> int | None:
+    """``value`` (an ``int``, or a ``str`` of ASCII digits) as a PID in ``1 .. 2**31 - 1``; ``None``
+    for anything else (a negative, zero or overflowing number, a bool, text): such a lock names no
+    process, and ``os.kill`` must never see it (``kill(0)`` and ``kill(-1)`` address groups)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= _PID_MAX:
+        return value
+    return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` (a :func:`lock_pid`) exists on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except OSError:  # PermissionError: it exists, owned by someone else
         return True
     return True
+
+
+def read_lock(lock: Path, limit: int = 1 << 20) -> bytes | None:
+    """The first ``limit`` bytes of the lock file ``lock``; ``None`` if there is none. A lock that
+    is a directory, or cannot be read, reads as a description in angle brackets (``b"<a
+    directory>"``), which no lock holds: :func:`foreign_lock` shows it."""
+    try:
+        with open(lock, "rb") as fh:
+            return fh.read(limit)
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        return b"<a directory>"
+    except OSError as exc:
+        return f"<unreadable: {exc.strerror or type(exc).__name__}>".encode()
+
+
+def lock_content(raw: bytes, limit: int = 60) -> str:
+    """A short rendering of a lock file's bytes for a message: its text, or the bytes (``b'...'``)
+    of a binary file, cut at ``limit`` characters with ``…``."""
+    more = "…" if len(raw) > limit else ""
+    text = raw.decode("utf-8", errors="replace")
+    if "\ufffd" in text or not "".join(text.split()).isprintable():
+        return f"{raw[:limit]!r}{more}"
+    return f"{text.strip()[:limit]!r}{more}"
+
+
+def foreign_lock(lock: Path, raw: bytes, user: str, cls: type[CliError] = CliError) -> CliError:
+    """The error (a ``cls``) for a lock file that no sharpscape run wrote (binary, corrupt, an
+    impossible PID): named as such, with its content and the fix; ``user`` is what the lock guards
+    (``"the run directory DIR"``, ``OUT``)."""
+    return cls(
+        f"lock file {lock} is not a lock written by sharpscape (content {lock_content(raw)})",
+        f"remove it if no run is using {user}, then run again",
+    )
 
 
 @contextlib.contextmanager
 def output_lock(path: str | os.PathLike, *, force: bool = False) -> Iterator[Path]:
     """Hold ``PATH.lock`` (created with ``O_CREAT | O_EXCL``, holding ``"PID HOST"``) while writing
     ``path``; removed on exit. A lock of a dead process on this host is taken over; a live one is
-    refused unless ``force``."""
+    refused unless ``force``; so is a lock file that is not one of these (:func:`foreign_lock`),
+    except an empty one older than 5 s (a writer that died between creating and writing it)."""
     lock = Path(f"{os.fspath(path)}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     token = f"{os.getpid()} {socket.gethostname()}\n"
@@ -260,24 +318,27 @@ def output_lock(path: str | os.PathLike, *, force: bool = False) -> Iterator[Pat
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
+            raw = read_lock(lock)
             try:
-                text = lock.read_text()
                 age = time.time() - lock.stat().st_mtime
             except FileNotFoundError:
                 continue
-            pid_s, _, host = text.strip().partition(" ")
-            here = host == socket.gethostname()
-            stale = (here and pid_s.isdigit() and not _pid_alive(int(pid_s))) or (
-                not pid_s.isdigit() and age > 5.0
-            )
+            if raw is None:
+                continue
+            words = raw.decode("utf-8", errors="replace").split()
+            pid = lock_pid(words[0]) if len(words) == 2 else None
+            if raw.strip() and pid is None and not force:
+                raise foreign_lock(lock, raw, str(path)) from None
+            here = pid is not None and words[1] == socket.gethostname()
+            stale = (here and not pid_alive(pid)) or (not raw.strip() and age > 5.0)
             if not (stale or force):
-                who = f"PID {pid_s} on {host}" if pid_s.isdigit() else "another process"
+                who = f"PID {pid} on {words[1]}" if pid is not None else "another process"
                 raise CliError(
                     f"{path} is being written by another run ({who}; lock file {lock})",
                     "wait for that run to finish, or pass --force if it is gone",
                 ) from None
-            with contextlib.suppress(FileNotFoundError):
-                if lock.read_text() == text:
+            with contextlib.suppress(OSError):
+                if read_lock(lock) == raw:
                     lock.unlink()
             continue
         with os.fdopen(fd, "w") as fh:
@@ -289,7 +350,7 @@ def output_lock(path: str | os.PathLike, *, force: bool = False) -> Iterator[Pat
         yield lock
     finally:
         with contextlib.suppress(OSError):
-            if lock.read_text() == token:
+            if read_lock(lock) == token.encode():
                 lock.unlink()
 
 
@@ -398,17 +459,17 @@ def check_device(name: str | None) -> None:
         raise CliError(f"--device {name}: MPS is not available on this machine", "use --device cpu")
 
 
-def check_output(path: str | None, option: str) -> None:
-    """Refuse an output path that is a directory or lies under a file or an unwritable directory."""
-    if path is None:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{option} {path} is a directory", f"give a file name, e.g. {p / 'result'}")
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"{option} {path}: {parent} is a file, not a directory", "choose another path")
-    if not os.access(parent, os.W_OK):
-        raise CliError(f"{option} {path}: {parent} is not writable", "choose a writable directory")
+def check_path(
+    path: str | os.PathLike | None,
+    option: str,
+    kind: str = "file",
+    *,
+    read: bool = False,
+    missing_fix: str = "check the path",
+) -> None:
+    """Check a path argument at the command line (every command, every path: outputs, inputs,
+    directories): :func:`landscape.io.require_path`, whose :class:`~landscape.io.PathError` is one
+    ``error:`` line naming ``option path`` with exit status 2 (1 for an unwritable location).
+    ``None`` (an option not given) passes."""
+    if path is not None:
+        require_path(path, kind, read=read, option=option, missing_fix=missing_fix)

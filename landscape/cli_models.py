@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from landscape.cli_common import CliError, UsageError, note, one_line
+from landscape.cli_common import CliError, UsageError, check_path, note, one_line
 from landscape.models import available_models, model_factory
 
 
@@ -163,10 +163,7 @@ def load_state_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
     p = Path(path)
     save_hint = "save the weights with torch.save(model.state_dict(), PATH)"
-    if not p.exists():
-        raise CliError(f"--state-dict {path}: no such file", f"check the path; {save_hint}")
-    if p.is_dir():
-        raise CliError(f"--state-dict {path} is a directory", "name the checkpoint file inside it")
+    check_path(path, "--state-dict", read=True, missing_fix=f"check the path; {save_hint}")
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:

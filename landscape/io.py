@@ -1,5 +1,11 @@
-"""Atomic file writing (a result file is either the old one or the complete new one, never half)
-and JSON reading that turns a bad file into a clear error.
+"""Atomic file writing (a result file is either the old one or the complete new one, never half),
+JSON reading that turns a bad file into a clear error, and the check of a path a user gives
+(:func:`require_path`: a file where a directory is expected and vice versa, a trailing slash, a file
+among the parent directories, a missing input, an unwritable location).
+
+Every writer of a result goes through :func:`atomic_write` (text: :func:`atomic_write_text`, JSON:
+:func:`atomic_write_json`, matplotlib figures: :func:`atomic_savefig`); an error names the user's
+path, never the temporary file's.
 
 Non-finite numbers in JSON: the JSON standard has no NaN or infinities, but results legitimately
 contain them (a diverged loss, an infinite standard error). Files written here use the tokens
@@ -23,6 +29,87 @@ from typing import Any
 #: errors of a full file system (or an exhausted quota): :func:`atomic_write` turns them into a
 #: :class:`DiskFullError` naming the file, the bytes and the free space
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+class PathError(ValueError):
+    """A path that cannot serve as what was asked: one line ``<what> — <fix>``.
+
+    ``usage`` is ``True`` when the path itself is wrong (a file where a directory is expected, a
+    missing input, ...: a bad command line, exit status 2) and ``False`` when the path is right but
+    the location cannot be written (an environment problem, exit status 1)."""
+
+    def __init__(self, what: str, fix: str, *, usage: bool = True):
+        super().__init__(f"{what} — {fix}")
+        self.what, self.fix, self.usage = what, fix, usage
+
+
+#: the characters that end a directory name: ``/`` (and ``\\`` on Windows)
+_SEPARATORS = "".join(sorted({"/", os.sep, os.altsep or "/"}))
+
+
+def _ends_in_separator(text: str) -> bool:
+    """``out.npz/``, but not the root ``/`` itself."""
+    return text.endswith(tuple(_SEPARATORS)) and text.strip(_SEPARATORS) != ""
+
+
+def _first_existing(path: Path) -> Path:
+    """``path`` or the nearest of its parents that exists (``os.path.lexists``: a dangling link counts)."""
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def require_path(
+    path: str | os.PathLike,
+    kind: str = "file",
+    *,
+    read: bool = False,
+    option: str | None = None,
+    missing_fix: str = "check the path",
+) -> Path:
+    """Check that ``path`` can serve as a ``kind`` (``"file"``, ``"directory"`` or ``"any"``) to read
+    (``read=True``: it must exist) or to write (it may be missing: it and its missing parents are
+    created); return it as a :class:`Path`, or raise :class:`PathError` naming ``option path``.
+
+    Refused: a file name that ends in a slash (``out.npz/`` names a directory), an existing path of
+    the other kind, a file among the parent directories, a missing input, and for an output a
+    location whose nearest existing directory cannot be written (``usage=False``)."""
+    text = os.fspath(path)
+    name = f"{option} {text}" if option else text
+    p = Path(text)
+    exists = p.exists()
+    if _ends_in_separator(text) and not p.is_dir():
+        plain = text.rstrip(_SEPARATORS)
+        if exists:
+            raise PathError(
+                f"{name} ends in a slash but {plain} is a file", f"write {plain} without the slash"
+            )
+        if kind == "file":
+            raise PathError(
+                f"{name} ends in a slash, which names a directory, but a file is expected",
+                f"give a file name without the trailing slash ({plain})",
+            )
+    if exists:
+        if kind == "file" and p.is_dir():
+            raise PathError(
+                f"{name} is a directory, not a file",
+                "give a file inside it" if read else f"give a file name, e.g. {p / 'result'}",
+            )
+        if kind == "directory" and not p.is_dir():
+            raise PathError(
+                f"{name} is a file, not a directory",
+                "give a directory" if read else "give a directory (it is created if missing)",
+            )
+        where = p if p.is_dir() else p.parent
+    else:
+        where = _first_existing(p.parent)
+        if os.path.lexists(where) and not where.is_dir():
+            raise PathError(f"{name}: {where} is a file, not a directory", "choose another path")
+        if read:
+            raise PathError(f"{name} does not exist", missing_fix)
+    if not read and not os.access(where, os.W_OK | os.X_OK):
+        raise PathError(f"{name}: {where} is not writable", "choose a writable directory", usage=False)
+    return p
 
 
 class DiskFullError(OSError):
@@ -64,6 +151,8 @@ def atomic_write(
     the caller knows them) and the free space.
     """
     path = Path(path)
+    if path.is_dir():
+        raise PathError(f"{path} is a directory, not a file", f"give a file name, e.g. {path / 'result'}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp_path: Path | None = None
     try:
@@ -86,8 +175,18 @@ def atomic_write(
             tmp_path.unlink(missing_ok=True)
         if isinstance(exc, OSError) and not isinstance(exc, DiskFullError) and exc.errno in _NO_SPACE:
             raise DiskFullError(path, nbytes, written, _free_bytes(path.parent), path.exists()) from exc
+        if isinstance(exc, OSError) and _is_temporary(exc.filename, path):  # name the user's file
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
         raise
     return path
+
+
+def _is_temporary(filename: Any, path: Path) -> bool:
+    """Whether ``filename`` (of an ``OSError``) is a temporary file of :func:`atomic_write` for ``path``."""
+    if filename is None:
+        return False
+    name = Path(os.fsdecode(filename)).name
+    return name.startswith(f".{path.name}.") and name.endswith(".tmp")
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
@@ -104,6 +203,13 @@ def _write_bytes(path: Path, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     data = text.encode("utf-8")
     return atomic_write(path, lambda p: _write_bytes(p, data), nbytes=len(data))
+
+
+def atomic_savefig(path: str | os.PathLike, fig: Any, **kwargs: Any) -> Path:
+    """Write the matplotlib figure ``fig`` atomically (``fig.savefig(..., **kwargs)``); the format is
+    the one the file name ends in (``.png``, ``.pdf``, ``.svg``, ...; PNG without one)."""
+    fmt = kwargs.pop("format", None) or Path(path).suffix.lstrip(".").lower() or "png"
+    return atomic_write(path, lambda p: fig.savefig(p, format=fmt, **kwargs))
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -4,7 +4,9 @@ Runs ``python -m streamlit run <the installed app/Home.py>`` (the same interpret
 
 * ``--server.address 127.0.0.1`` (``--address``): only this machine can open the dashboard. Anyone
   who can reach the address may upload files and start training runs, so opening it to a network
-  (``--address 0.0.0.0``) is a deliberate choice, announced by a warning;
+  (``--address 0.0.0.0``) is a deliberate choice, announced by a warning; every spelling of a
+  loopback address (``127.1``, ``localhost``, ``[::1]``, ... : :func:`sharpscape.network.is_loopback`)
+  is this machine only, without one;
 * ``--server.port 8501`` (``--port``), checked free before Streamlit starts;
 * ``--server.headless true``: no browser is opened, no e-mail prompt on the first run;
 * ``--server.maxUploadSize 32`` (``--max-upload-mb``, in MB). The dashboard takes two kinds of
@@ -29,7 +31,6 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib.util
-import ipaddress
 import os
 import shlex
 import socket
@@ -37,6 +38,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from sharpscape.network import is_loopback, plain_address
 from sharpscape.resources import app_home
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DashboardError",
     "build_parser",
+    "listening_note",
     "main",
     "streamlit_command",
     "url",
@@ -94,6 +97,7 @@ def build_parser(prog: str = "sharpscape dashboard") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--address",
+        type=plain_address,
         default=DEFAULT_ADDRESS,
         help=f"address to listen on (default {DEFAULT_ADDRESS}: this machine only; 0.0.0.0 opens the "
         "dashboard, its uploads and training runs, to every machine that can reach this one)",
@@ -131,13 +135,17 @@ def url(address: str, port: int) -> str:
     return f"http://{shown}:{port}/"
 
 
-def _is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
+def listening_note(address: str, port: int) -> str:
+    """The line printed when the dashboard starts: its URL and who can reach it, a warning for an
+    address that is not a loopback one (:func:`sharpscape.network.is_loopback`)."""
+    if is_loopback(address):
+        where = "this machine only; --address 0.0.0.0 opens it to the network"
+    else:
+        where = (
+            f"WARNING: listening on {address}, so anyone who can reach this machine can upload files "
+            "and start training runs; the default --address 127.0.0.1 keeps it to this machine"
+        )
+    return f"note: dashboard at {url(address, port)} ({where}); Ctrl-C stops it"
 
 
 def _check_free(address: str, port: int) -> None:
@@ -191,14 +199,7 @@ def _main(argv: list[str], prog: str) -> int:
             "install the app extra: pip install 'sharpscape[app]'",
         )
     _check_free(args.address, args.port)
-    if _is_loopback(args.address):
-        where = "this machine only; --address 0.0.0.0 opens it to the network"
-    else:
-        where = (
-            f"WARNING: listening on {args.address}, so anyone who can reach this machine can upload files "
-            "and start training runs; the default --address 127.0.0.1 keeps it to this machine"
-        )
-    print(f"note: dashboard at {url(args.address, args.port)} ({where}); Ctrl-C stops it", flush=True)
+    print(listening_note(args.address, args.port), flush=True)
     sys.stderr.flush()
     if os.name == "posix":  # Streamlit takes over this process: Ctrl-C and SIGTERM reach it directly
         os.execv(sys.executable, cmd)

@@ -14,14 +14,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import tomllib
+
 __all__ = [
     "APP_PACKAGE",
     "CONFIGS_PACKAGE",
+    "RUN_KEYS",
+    "STUDY_KEYS",
     "app_home",
+    "commands",
+    "config_kind",
     "configs_dir",
     "format_config_list",
     "list_configs",
     "resolve_config",
+    "wrong_config",
 ]
 
 #: the installed names of ``app/`` and ``configs/`` (see ``[tool.setuptools.package-dir]``)
@@ -70,13 +77,66 @@ def _description(path: Path, width: int = 80) -> str:
     return text[: width - 1].rsplit(" ", 1)[0] + " …"
 
 
-def _is_study(path: Path) -> bool:
-    """A study config (``experiments.study``: it has a ``[space]`` table) rather than a runner's."""
+#: top-level keys only a run config (``experiments.config.DEFAULTS``) has, and only a study config
+#: (``experiments.study.config``) has; both also take ``name``, ``data``, ``device``, ``threads``.
+#: Kept here, without importing those modules (they import torch; the dashboard and ``--help``
+#: must not); tests/test_path_errors.py checks them against the two sets of defaults.
+RUN_KEYS = frozenset(
+    ("budget", "distributed", "evaluation", "methods", "model", "out_dir", "paper", "precision",
+     "progress", "seeds", "sweep", "train")
+)  # fmt: skip
+STUDY_KEYS = frozenset(
+    ("bases", "epochs", "measures", "n_models", "ood_noise", "optimizer_options", "populations",
+     "runner", "sampling", "sampling_seed", "sharpness_dtype", "sharpness_subset", "space", "stop",
+     "test_fraction")
+)  # fmt: skip
+
+
+def _top_keys(path: str | Path) -> set[str] | None:
+    """The top-level keys of the TOML file ``path``; ``None`` if it is not one (the loader says why)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return False
-    return any(line.strip() == "[space]" for line in text.splitlines())
+        return set(tomllib.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+
+
+def config_kind(path: str | Path) -> str | None:
+    """``"run"`` (a config of ``experiments run``) or ``"study"`` (of ``experiments.study run``), by
+    its top-level keys (:data:`RUN_KEYS`, :data:`STUDY_KEYS`); ``None`` for a file that is not a
+    readable TOML table or holds keys of both kinds or of neither (its loader names the problem)."""
+    keys = _top_keys(path) or set()
+    run, study = bool(RUN_KEYS & keys), bool(STUDY_KEYS & keys)
+    return "run" if run and not study else "study" if study and not run else None
+
+
+def commands(prog: str) -> dict[str, str]:
+    """The commands that run each kind of config, spelt as the user typed this program's name:
+    ``sharpscape`` / ``sharpscape study`` -> ``sharpscape run``, ``sharpscape study run``;
+    ``python -m experiments`` / ``python -m experiments.study`` -> ``python -m experiments run``,
+    ``python -m experiments.study run``."""
+    for tail in (" study", ".study"):
+        if prog.endswith(tail):
+            return {"run": f"{prog[: -len(tail)]} run", "study": f"{prog} run"}
+    sub = ".study" if prog.endswith("experiments") else " study"
+    return {"run": f"{prog} run", "study": f"{prog}{sub} run"}
+
+
+def wrong_config(path: str | Path, expected: str, prog: str) -> tuple[str, str] | None:
+    """``(what, fix)`` when ``path`` is a config of another kind than the command ``prog`` expects:
+    ``expected`` is ``"run"``, ``"study"`` or ``"results"`` (a command that reads what a run wrote,
+    ``table`` / ``study report``); the fix names the command that runs the config (spelt as
+    ``prog``, see :func:`commands`). ``None`` when ``path`` is no config of the other kind."""
+    kind = config_kind(path)
+    if kind is None or kind == expected:
+        return None
+    command = commands(prog)[kind]
+    usage = f"{command} {path} --out DIR" if kind == "study" else f"{command} {path}"
+    marks = sorted((STUDY_KEYS if kind == "study" else RUN_KEYS) & (_top_keys(path) or set()))
+    what = f"{path} is a {kind} config (it sets {', '.join(marks[:3])})"
+    if expected == "results":
+        where = "DIR" if kind == "study" else "its out_dir"
+        return f"{what}, not a directory of results", f"run it with `{usage}`, then pass {where} here"
+    return f"{what}, not a {expected} config", f"run it with `{usage}`"
 
 
 def list_configs() -> list[tuple[str, Path, str, bool]]:
@@ -87,7 +147,7 @@ def list_configs() -> list[tuple[str, Path, str, bool]]:
     out = []
     for path in sorted(base.rglob("*.toml")):
         name = path.relative_to(base).with_suffix("").as_posix()
-        out.append((name, path, _description(path), _is_study(path)))
+        out.append((name, path, _description(path), config_kind(path) == "study"))
     return out
 
 
@@ -111,9 +171,10 @@ def resolve_config(text: str) -> str:
     return text
 
 
-def format_config_list(run: str, study: str) -> str:
-    """The text of ``--list-configs``: one line per shipped config, then how to use a name
-    (``run`` / ``study``: the commands, e.g. ``sharpscape run`` and ``sharpscape study``)."""
+def format_config_list(prog: str) -> str:
+    """The text of ``--list-configs``: one line per shipped config, then how to use a name with the
+    commands of ``prog`` (``sharpscape``: ``sharpscape run``, ``sharpscape study run``)."""
+    run, study = commands(prog)["run"], commands(prog)["study"]
     configs = list_configs()
     if not configs:
         return "no example configs are installed with this copy of sharpscape\n"
@@ -125,6 +186,6 @@ def format_config_list(run: str, study: str) -> str:
     example = "digits_sam_vs_sgd" if "digits_sam_vs_sgd" in runs else (runs or ["NAME"])[0]
     lines.append(f"run one with `{run} {example}`")
     if studies:
-        lines.append(f"[study] configs with `{study} run {studies[0]} --out DIR`")
+        lines.append(f"[study] configs with `{study} {studies[0]} --out DIR`")
     lines.append("a path that exists is used as given: copy a file to edit it")
     return "\n".join(lines) + "\n"

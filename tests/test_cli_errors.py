@@ -1,7 +1,8 @@
 """The command lines at their edges: every bad input ends in ONE ``error: <what> — <fix>`` line on
 stderr with status 2 (usage) or 1 (runtime), no traceback unless ``--debug``; the same ``--model`` /
 ``--model-arg`` / ``--state-dict`` forms in ``sharpness`` and ``surface`` (MLP sizes inferred from the
-file); SIGTERM and Ctrl-C keep a resumable partial surface; a second writer of one output is refused."""
+file); SIGTERM and Ctrl-C keep a resumable partial surface in OUT.partial; a second writer of one output is
+refused."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from landscape.cli_common import CliError, output_lock
 from landscape.data import load_digits
 from landscape.models import model_factory
 from landscape.surface import load_surface, surface
+from landscape.surface.cli import partial_path
 from toy_problems.__main__ import main as toy_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +132,8 @@ def test_checkpoint_errors_name_the_file_and_the_fix(files, capsys):
     code, line = fails(
         landscape_main, [*base, "--model", "mlp", "--state-dict", str(files["dir"] / "nope.pt")], capsys
     )
-    assert code == 1 and "nope.pt: no such file" in line and "torch.save(model.state_dict(), PATH)" in line
+    # a path that cannot be what the option wants is a bad command line (status 2)
+    assert code == 2 and "nope.pt does not exist" in line and "torch.save(model.state_dict(), PATH)" in line
     code, line = fails(landscape_main, [*base, "--model", "mlp", "--state-dict", str(files["junk"])], capsys)
     assert code == 1 and "corrupt or not a PyTorch file" in line
     code, line = fails(landscape_main, [*base, "--model", "mlp", "--state-dict", str(files["full"])], capsys)
@@ -138,7 +141,7 @@ def test_checkpoint_errors_name_the_file_and_the_fix(files, capsys):
     code, line = fails(landscape_main, [*base, "--model", "mlp", "--state-dict", str(files["list"])], capsys)
     assert code == 1 and "holds a list, not a state dict" in line
     code, line = fails(landscape_main, [*base, "--model", "mlp", "--state-dict", str(files["dir"])], capsys)
-    assert code == 1 and "is a directory" in line
+    assert code == 2 and "is a directory, not a file" in line
 
 
 def test_state_dict_that_does_not_fit_names_keys_and_the_right_model(files, capsys):
@@ -315,7 +318,7 @@ def _env() -> dict[str, str]:
             2,
             "--grid",
         ),
-        (["-m", "landscape", "sharpness", "--model", "mlp", "--state-dict", "missing.pt"], 1, "missing.pt"),
+        (["-m", "landscape", "sharpness", "--model", "mlp", "--state-dict", "missing.pt"], 2, "missing.pt"),
         (["-m", "toy_problems", "figures", "--out", "figs", "--resolution", "-1"], 2, "--resolution"),
     ],
 )
@@ -377,7 +380,9 @@ def test_sigterm_saves_a_partial_surface_that_resume_completes(files, tmp_path, 
     reader.join(timeout=10)
     last = _last_line(chunks)
     assert last.startswith("error: terminated by SIGTERM;") and "--resume" in last
-    part = load_surface(out)
+    assert not out.exists()  # --out only ever holds a complete surface
+    part = load_surface(partial_path(out))
+    assert f"saved in {partial_path(out)}" in last
     done = int(part.mask.sum())
     assert 0 < done < GRID**2 and f"{done} of {GRID**2} grid points" in last
     assert np.isnan(part.loss[~part.mask]).all() and np.isfinite(part.loss[part.mask]).all()
@@ -389,7 +394,7 @@ def test_sigterm_saves_a_partial_surface_that_resume_completes(files, tmp_path, 
     assert landscape_main(argv) == 0
     capsys.readouterr()
     full = load_surface(out)
-    assert full.complete and full.mask.all()
+    assert full.complete and full.mask.all() and not partial_path(out).exists()
     np.testing.assert_array_equal(full.loss[part.mask], part.loss[part.mask])  # kept, not recomputed
     # reference: the library on the same model, data and directions
     from landscape.data import batches
@@ -413,4 +418,4 @@ def test_ctrl_c_exits_130_with_one_line_and_a_partial_file(files, tmp_path):
     reader.join(timeout=10)
     last = _last_line(chunks)
     assert last.startswith("error: interrupted (Ctrl-C);") and "--resume" in last
-    assert 0 < load_surface(out).mask.sum() < GRID**2
+    assert not out.exists() and 0 < load_surface(partial_path(out)).mask.sum() < GRID**2

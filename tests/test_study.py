@@ -192,7 +192,7 @@ def test_bad_input_gives_one_error_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["run", str(bad), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert exc.value.code == 1 and len(err) == 1
+    assert exc.value.code == 2 and len(err) == 1  # a bad config is a bad command line, as for `run`
     assert err[0].startswith("error:") and "unknown optimizer 'adamx'" in err[0]
     with pytest.raises(ValueError, match="sharpness_subset=1200 exceeds"):
         resolve_study_config({"sharpness_subset": 1200, "measures": [{"measure": "keskar"}]})
@@ -200,6 +200,10 @@ def test_bad_input_gives_one_error_line(tmp_path, capsys):
         resolve_study_config({"measures": [{"measure": "flatness"}]})
     with pytest.raises(SystemExit):
         main(["report", str(tmp_path / "nothing")])
+    assert f"DIR {tmp_path / 'nothing'} does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit):
+        main(["report", str(tmp_path / "empty")])
     assert "holds no study_config.json" in capsys.readouterr().err
 
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 import toy_problems as tp
-from landscape.cli_common import CliError, Parser, UsageError, add_debug_option, check_output, run_cli
+from landscape.cli_common import CliError, Parser, add_debug_option, check_path, run_cli
 from toy_problems.figures import FIGURES, make_figures
 
 
@@ -44,12 +44,7 @@ def _main(argv: list[str], prog: str = "python -m toy_problems") -> int:
     if args.command == "list":
         print("\n".join(tp.names()))
         return 0
-    from pathlib import Path
-
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file", "give a directory (it is created if missing)")
-    check_output(str(out / "figure.png"), "--out")
+    check_path(args.out, "--out", "directory")
     try:
         make_figures(args.out, args.only, args.resolution)
     except ValueError as exc:

@@ -15,8 +15,17 @@ from pathlib import Path
 from experiments.study.config import load_study_config
 from experiments.study.population import member_runs, run_population
 from experiments.study.report import write_report
-from landscape.cli_common import CliError, Parser, Terminated, add_debug_option, note, run_cli
-from sharpscape.resources import resolve_config
+from landscape.cli_common import (
+    CliError,
+    Parser,
+    Terminated,
+    UsageError,
+    add_debug_option,
+    check_path,
+    note,
+    run_cli,
+)
+from sharpscape.resources import resolve_config, wrong_config
 
 __all__ = ["interrupted_error", "kept_files", "main"]
 
@@ -96,9 +105,25 @@ def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
     parser = _parser(prog)
     args = parser.parse_args(argv)
     if args.command == "run":
-        cfg = load_study_config(resolve_config(args.config))
+        config = resolve_config(args.config)
+        check_path(
+            config,
+            "config",
+            read=True,
+            missing_fix="give a study TOML file, e.g. configs/study_digits.toml, or the name of an "
+            "installed example study config (study_digits)",
+        )
+        wrong = wrong_config(config, "study", prog)
+        if wrong:
+            raise UsageError(*wrong)
+        check_path(args.out, "--out", "directory")
         if args.jobs < 1:
-            raise ValueError(f"--jobs must be a positive integer, got {args.jobs} — use --jobs 1 or more")
+            raise UsageError(f"--jobs must be a positive integer, got {args.jobs}", "use --jobs 1 or more")
+        try:
+            cfg = load_study_config(config)
+        except ValueError as exc:
+            what, _, fix = str(exc).partition(" — ")
+            raise UsageError(what, fix or "fix the study config") from None
         members = member_runs(cfg, args.out)
         pops = cfg["populations"]
         of = f" in {pops} populations" if pops > 1 else ""
@@ -117,6 +142,14 @@ def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
             raise interrupted_error(args.out, isinstance(exc, Terminated)) from None
         return 0
     if args.command == "report":
+        wrong = wrong_config(args.dir, "results", prog)
+        if wrong:
+            raise UsageError(*wrong)
+        check_path(
+            args.dir, "DIR", "directory", read=True, missing_fix=f"give the --out directory of `{prog} run`"
+        )
+        for option in ("figure", "json", "csv", "markdown"):
+            check_path(getattr(args, option), f"--{option}")
         doc = write_report(
             args.dir,
             figure=args.figure,

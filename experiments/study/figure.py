@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from landscape.io import atomic_write
+from landscape.io import atomic_savefig
 
 __all__ = ["log_ticks", "plot_study"]
 
@@ -128,6 +128,6 @@ def plot_study(
         "correlations (Kendall tau-b, pooled 95% bootstrap interval)"
     )
     fig.tight_layout(rect=(0, 0, 1, 0.975))
-    atomic_write(path, lambda p: fig.savefig(p, dpi=80, format="png"))
+    atomic_savefig(path, fig, dpi=80, format="png")
     plt.close(fig)
     return Path(path)

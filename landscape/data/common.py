@@ -87,8 +87,9 @@ def data_root(root: str | os.PathLike | None, what: str) -> Path:
         raise TypeError(f"{what}: root must be a path (str or os.PathLike), got {type(root).__name__}")
     path = Path(root).expanduser()
     if not path.is_dir():
+        problem = "is a file, not a directory" if path.exists() else "does not exist"
         raise FileNotFoundError(
-            f"{what}: data directory {path}{source} does not exist; nothing is downloaded: get the "
+            f"{what}: data directory {path}{source} {problem}; nothing is downloaded: get the "
             f"files from {SOURCES.get(what, 'the data set page')} and point root there"
         )
     return path

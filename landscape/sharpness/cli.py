@@ -15,7 +15,7 @@ from landscape.cli_common import (
     UsageError,
     add_debug_option,
     check_device,
-    check_output,
+    check_path,
     load_data,
     positive_int,
 )
@@ -73,8 +73,8 @@ def _run_cli(args: argparse.Namespace) -> int:
         )
     model_args = parse_model_args(args.model_arg, args.model_kwargs)
     check_device(args.device)
-    check_output(args.out, "--out")
-    check_output(args.csv, "--csv")
+    check_path(args.out, "--out")
+    check_path(args.csv, "--csv")
     model, model_args = load_model(args.model, model_args, args.state_dict)
     x, y = load_data(args.data, args.split, args.limit, default_split="train")
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from landscape.io import atomic_write, atomic_write_json, to_jsonable
+from landscape.io import atomic_write_json, atomic_write_text, to_jsonable
 from landscape.results import Result
 from landscape.sharpness.api import _FUNCTIONS, MEASURES, SharpnessResult, sharpness
 
@@ -109,7 +109,7 @@ class SharpnessReport(Result):
             )
         text = buf.getvalue()
         if path is not None:
-            atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+            atomic_write_text(path, text)
         return text
 
     def to_json(self, path: Any = None) -> str:

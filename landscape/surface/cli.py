@@ -1,8 +1,12 @@
 """``python -m landscape surface ...``: the loss surface of a saved model on a data set.
 
-The output ``--out`` is locked (``OUT.lock``) while a run writes it. Ctrl-C and SIGTERM save the
-points finished so far in ``--out`` (with a completion mask; :func:`landscape.surface.surface`
-saves its ``resume`` file on ``KeyboardInterrupt``), and ``--resume`` continues from there.
+The output ``--out`` is locked (``OUT.lock``) while a run writes it, and only ever replaced by a
+complete surface (atomically): an existing ``--out`` survives a run that fails or is stopped.
+Ctrl-C and SIGTERM save the points finished so far in ``OUT.partial`` beside it (with a completion
+mask; :func:`landscape.surface.surface` saves its ``checkpoint`` file on ``KeyboardInterrupt``), and
+``--resume`` continues from there (or from ``--out`` itself); a run that completes writes ``--out``
+and removes ``OUT.partial``. The figure and exports (``--plot``, ``--html``, ``--vtk``) are written
+atomically too.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from landscape.cli_common import (
     UsageError,
     add_debug_option,
     check_device,
-    check_output,
+    check_path,
     finite_float,
     load_data,
     nonnegative_int,
@@ -35,6 +39,7 @@ from landscape.cli_common import (
     positive_int,
 )
 from landscape.cli_models import add_model_options, load_model, parse_model_args
+from landscape.io import atomic_savefig
 from landscape.objective import Objective
 from landscape.surface.grid import _BN_POLICIES, _STRATEGIES, surface
 from landscape.surface.result import Surface, load_surface
@@ -64,27 +69,45 @@ def _check_args(args: argparse.Namespace) -> None:
                 f"end the name in one of .{', .'.join(sorted(kinds))}",
             )
     for option in ("out", "html", "vtk", "plot"):
-        check_output(getattr(args, option), f"--{option}")
+        check_path(getattr(args, option), f"--{option}")
     check_device(args.device)
 
 
-def _interrupted(exc: KeyboardInterrupt, out: str, total: int) -> CliError:
+def partial_path(out: str | os.PathLike) -> Path:
+    """``OUT.partial``: where an unfinished run of ``--out OUT`` keeps its progress (``--out`` itself
+    is only ever replaced by a complete surface)."""
+    return Path(f"{os.fspath(out)}.partial")
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """``(inode, mtime in ns)`` of ``path`` (``None`` if missing): a file saved anew differs."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _interrupted(exc: KeyboardInterrupt, out: str, total: int, before: tuple[int, int] | None) -> CliError:
+    """The error of a run stopped by Ctrl-C / SIGTERM, counting the points this run saved in
+    ``OUT.partial`` (``before``: its :func:`_stamp` when the run began; a leftover is not counted)."""
     how = "terminated by SIGTERM" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
     status = 143 if isinstance(exc, Terminated) else 130
-    done = 0
-    if Path(out).exists():
+    partial, done = partial_path(out), 0
+    if partial.exists() and _stamp(partial) != before:
         try:
-            done = int(np.count_nonzero(load_surface(out).mask))
+            done = int(np.count_nonzero(load_surface(partial).mask))
         except Exception:  # noqa: BLE001 - an unreadable leftover counts as nothing saved
             done = 0
+    kept = f"; {out} is unchanged" if Path(out).exists() else ""
     if done:
         return CliError(
-            f"{how}; {done} of {total} grid points are saved in {out}",
+            f"{how}; {done} of {total} grid points are saved in {partial}{kept}",
             "run the same command with --resume to compute the rest",
             status,
         )
     return CliError(
-        f"{how} before any grid point was finished; nothing saved", "run the command again", status
+        f"{how} before any grid point was finished; nothing saved{kept}", "run the command again", status
     )
 
 
@@ -103,7 +126,6 @@ def _run_cli(args: argparse.Namespace) -> int:
         dist.init_process_group(backend="gloo")
         started_dist = True
     rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
     try:
         lock = output_lock(args.out, force=args.force) if rank == 0 else contextlib.nullcontext()
         with lock:
@@ -121,14 +143,14 @@ def _run_cli(args: argparse.Namespace) -> int:
             if args.dims == 2:
                 dirs.append(dmod.random(obj, args.normalization, seed=args.seed + 1))
                 coords.append(np.linspace(yr[0], yr[1], ny))
-            # one process: --out is also the checkpoint, so Ctrl-C / SIGTERM leave a partial file
-            # there; a fresh run (no --resume) starts from an empty file
-            if world == 1:
-                if not args.resume:
-                    Path(args.out).unlink(missing_ok=True)
-                resume = args.out
-            else:
-                resume = args.out if args.resume else None
+            # the progress goes to OUT.partial (one process: every minute and on Ctrl-C / SIGTERM),
+            # never to --out, which keeps the previous complete surface until the new one is done;
+            # --resume continues OUT.partial, else --out; a fresh run reads neither
+            partial = partial_path(args.out)
+            before = _stamp(partial)
+            resume = None
+            if args.resume:
+                resume = next((p for p in (partial, Path(args.out)) if p.exists()), None)
             try:
                 s = surface(
                     obj,
@@ -138,6 +160,7 @@ def _run_cli(args: argparse.Namespace) -> int:
                     strategy=args.strategy,
                     progress=not args.quiet and rank == 0,
                     resume=resume,
+                    checkpoint=partial,
                     data_info={
                         "spec": args.data,
                         "split": args.split,
@@ -146,12 +169,14 @@ def _run_cli(args: argparse.Namespace) -> int:
                     },
                 )
             except KeyboardInterrupt as exc:
-                raise _interrupted(exc, args.out, int(np.prod([len(c) for c in coords]))) from None
+                total = int(np.prod([len(c) for c in coords]))
+                raise _interrupted(exc, args.out, total, before) from None
             if rank == 0:
                 s.config["state_dict"] = str(args.state_dict) if args.state_dict else None
                 s.config["model_spec"] = args.model
                 s.config["model_args"] = model_args
                 s.save(args.out)
+                partial.unlink(missing_ok=True)  # superseded by the complete surface
                 print(f"wrote {args.out}: {s!r}")
                 print(f"loss min {np.nanmin(s.loss):.6g} max {np.nanmax(s.loss):.6g}; {s.seconds:.3g} s")
                 _exports(s, args)
@@ -173,7 +198,7 @@ def _exports(s: Surface, args: argparse.Namespace) -> None:
 
         matplotlib.use("Agg")
         ax = s.plot()
-        ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
+        atomic_savefig(args.plot, ax.figure, dpi=120, bbox_inches="tight")
         print(f"wrote {args.plot}")
 
 
@@ -184,7 +209,8 @@ def add_cli(subparsers: Any) -> None:
         help="loss surface of a saved model along random filter-normalised directions",
         description=(
             "Evaluate a 1-D/2-D loss surface of a model on a data set and write a self-describing .npz. "
-            "Ctrl-C or SIGTERM keep the finished points in --out; --resume continues. Under torchrun "
+            "An existing --out is replaced only by a complete surface. Ctrl-C or SIGTERM keep the finished "
+            "points in OUT.partial; --resume continues. Under torchrun "
             "the grid points are split across the ranks (gloo) and gathered. Errors end in one "
             "'error:' line (exit status 2 for usage, 1 otherwise); --debug shows the traceback."
         ),
@@ -213,8 +239,15 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument("--strategy", default="auto", choices=_STRATEGIES)
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the model's)")
-    p.add_argument("--out", required=True, help="output .npz (also the checkpoint of an interrupted run)")
-    p.add_argument("--resume", action="store_true", help="continue a partial --out file")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output .npz, replaced only by a complete surface (an interrupted run keeps its points "
+        "in OUT.partial)",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue the points of OUT.partial (or of a partial --out)"
+    )
     p.add_argument("--force", action="store_true", help="write --out even if another run holds OUT.lock")
     p.add_argument("--plot", default=None, help="also write a matplotlib figure (png/pdf)")
     p.add_argument(

@@ -273,6 +273,7 @@ def surface(
     precision: str | None = None,
     progress: bool = False,
     resume: str | os.PathLike | None = None,
+    checkpoint: str | os.PathLike | None = None,
     checkpoint_every: float = 60.0,
     distributed: bool | None = None,
     data_info: Mapping[str, Any] | None = None,
@@ -309,6 +310,10 @@ def surface(
             ``checkpoint_every`` seconds and at the end. The configuration includes sha256
             fingerprints of the data (inputs and targets) and of the loss function: a file computed
             on other data of the same size, or with another loss, is refused.
+        checkpoint: save the progress to this file instead (every ``checkpoint_every`` seconds
+            and when interrupted), not the complete result, which the caller saves where it
+            belongs: ``resume`` is then only read, so a finished file there is never replaced by a
+            partial one (``python -m landscape surface`` keeps ``OUT.partial`` beside ``--out``).
         distributed: split the grid points across the ranks of an initialised
             ``torch.distributed`` process group (default: when one is initialised with > 1 rank)
             and gather the values on every rank (``all_reduce`` of disjoint parts).
@@ -408,6 +413,7 @@ def surface(
             strategy=used,
         )
 
+    save_to = resume if checkpoint is None else checkpoint
     last_ckpt = time.perf_counter()
     try:
         with obj.guard(), torch.no_grad(), prec.context():
@@ -437,17 +443,17 @@ def surface(
                 if bar is not None:
                     bar.update(len(pts))
                 if (
-                    resume is not None
+                    save_to is not None
                     and not dist_on
                     and time.perf_counter() - last_ckpt >= checkpoint_every
                     and start + step < len(mine)
                 ):
-                    snapshot(True).save(resume)
+                    snapshot(True).save(save_to)
                     last_ckpt = time.perf_counter()
     except BaseException:
         # keep what is done: an interrupted run resumes from here
-        if resume is not None and not dist_on and evaluations > 0:
-            snapshot(True).save(resume)
+        if save_to is not None and not dist_on and evaluations > 0:
+            snapshot(True).save(save_to)
         raise
     finally:
         if bar is not None:
@@ -483,7 +489,7 @@ def surface(
     result = snapshot(False)
     if "accuracy" in result.values and not accuracy_ok:
         del result.values["accuracy"]
-    if resume is not None and rank == 0:
+    if resume is not None and checkpoint is None and rank == 0:
         result.save(resume)
     return result
 

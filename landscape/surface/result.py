@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from landscape.io import atomic_write, read_json, to_jsonable
+from landscape.io import atomic_write, atomic_write_text, read_json, to_jsonable
 from landscape.results import Result, _conform
 
 FORMAT_VERSION = 1
@@ -279,7 +279,7 @@ class Surface(Result):
         """Write the Plotly figure (:meth:`to_plotly`) as a stand-alone HTML file, atomically."""
         fig = self.to_plotly(**kwargs)
         html = fig.to_html(include_plotlyjs=include_plotlyjs, full_html=True)
-        return atomic_write(path, lambda p: p.write_text(html, encoding="utf-8"))
+        return atomic_write_text(path, html)
 
     def to_vtk(self, path: str | os.PathLike, *, metric: str = "loss", log: bool = False) -> Path:
         """Legacy-ASCII VTK structured grid (ParaView): points ``(x, y, value)``, every metric as
@@ -318,7 +318,7 @@ class Surface(Result):
             lines += [f"SCALARS {m} double 1", "LOOKUP_TABLE default"]
             lines += [num(g[i, j]) for j in range(ny) for i in range(nx)]
         text = "\n".join(lines) + "\n"
-        return atomic_write(path, lambda p: p.write_text(text, encoding="ascii"))
+        return atomic_write_text(path, text)
 
 
 def load_surface(path: str | os.PathLike) -> Surface:
