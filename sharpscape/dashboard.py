@@ -56,6 +56,15 @@ __all__ = [
 DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 8501
 DEFAULT_MAX_UPLOAD_MB = 32
+#: Streamlit's settings for the dashboard, the same from every entry point: ``sharpscape dashboard``
+#: passes them on the command line (address and upload limit from its options), and the
+#: repository's ``.streamlit/config.toml`` (read by ``streamlit run app/Home.py`` in the checkout)
+#: holds exactly these (``tests/test_wheel_dashboard.py`` compares the two).
+STREAMLIT_SETTINGS: dict[str, object] = {
+    "server.address": DEFAULT_ADDRESS,
+    "server.maxUploadSize": DEFAULT_MAX_UPLOAD_MB,
+    "browser.gatherUsageStats": False,  # no usage statistics sent to Streamlit's servers
+}
 DASH = " — "
 
 
@@ -117,14 +126,21 @@ def build_parser(prog: str = "sharpscape dashboard") -> argparse.ArgumentParser:
 
 
 def streamlit_command(home: str, address: str, port: int, max_upload_mb: int) -> list[str]:
-    """The command that starts the dashboard ``home`` (its ``Home.py``) with this interpreter."""
-    return [
-        sys.executable, "-m", "streamlit", "run", str(home),
-        "--server.address", address,
-        "--server.port", str(port),
-        "--server.headless", "true",
-        "--server.maxUploadSize", str(max_upload_mb),
-    ]  # fmt: skip
+    """The command that starts the dashboard ``home`` (its ``Home.py``) with this interpreter:
+    :data:`STREAMLIT_SETTINGS` (address and upload limit as given), the port, headless."""
+    settings = {
+        **STREAMLIT_SETTINGS,
+        "server.address": address,
+        "server.maxUploadSize": max_upload_mb,
+        "server.port": port,
+        "server.headless": True,
+    }
+    flags = [
+        item
+        for key, value in settings.items()
+        for item in (f"--{key}", str(value).lower() if isinstance(value, bool) else str(value))
+    ]
+    return [sys.executable, "-m", "streamlit", "run", str(home), *flags]
 
 
 def url(address: str, port: int) -> str:

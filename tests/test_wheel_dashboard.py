@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from sharpscape.dashboard import STREAMLIT_SETTINGS, streamlit_command
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ("landscape", "optimizers", "toy_problems", "experiments", "sharpscape")
 INSTALLED_AS = {"app": "sharpscape_app", "configs": "sharpscape_configs"}
@@ -152,6 +154,19 @@ def test_sharpscape_dashboard_listens_on_loopback_only(tmp_path):
     with _serving(cmd, tmp_path, _env(PYTHONPATH=path), log) as proc:  # run from outside the repo
         _check_served_on_loopback_only(proc, port)
     assert f"note: dashboard at http://127.0.0.1:{port}/ (this machine only" in log.read_text()
+
+
+def test_every_entry_point_gives_streamlit_the_same_settings():
+    """``sharpscape dashboard`` (installed, run from anywhere) passes exactly the settings of the
+    checkout's ``.streamlit/config.toml``, usage statistics off included."""
+    raw = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    checkout = {f"{section}.{key}": value for section, keys in raw.items() for key, value in keys.items()}
+    assert checkout == STREAMLIT_SETTINGS
+    cmd = streamlit_command("Home.py", "127.0.0.1", 8501, 32)
+    flags = dict(zip(cmd[5::2], cmd[6::2]))
+    expected = {f"--{k}": str(v).lower() if isinstance(v, bool) else str(v) for k, v in checkout.items()}
+    assert {k: flags[k] for k in expected} == expected
+    assert flags["--browser.gatherUsageStats"] == "false" and flags["--server.headless"] == "true"
 
 
 def test_readme_streamlit_command_listens_on_loopback_only(tmp_path):
