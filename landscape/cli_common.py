@@ -421,17 +421,17 @@ def load_data(spec: str, split: str | None, limit: int | None, default_split: st
     extra = {"limit": limit} if limit and name.lower() not in ("digits", "digits-image") else {}
     try:
         x, y = load_dataset(spec, split or default_split, **extra)
-    except FileNotFoundError as exc:
-        raise CliError(
+    except FileNotFoundError as exc:  # a bad command line (exit 2), like every path argument
+        raise UsageError(
             f"--data {spec}: {exc}",
             "point --data at the directory that holds the files (nothing is downloaded)",
         ) from None
     except ValueError as exc:
-        raise CliError(f"--data {spec}: {exc}", "check --data (its forms are listed in --help)") from None
+        raise UsageError(f"--data {spec}: {exc}", "check --data (its forms are listed in --help)") from None
     if limit:
         x, y = x[:limit], y[:limit]
     if len(y) == 0:
-        raise CliError(
+        raise UsageError(
             f"--data {spec} (split {split or default_split}) has no examples", "choose another split"
         )
     return x, y
@@ -449,14 +449,14 @@ def check_device(name: str | None) -> None:
         ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise CliError(f"--device {name}: CUDA is not available on this machine", "use --device cpu")
+            raise UsageError(f"--device {name}: CUDA is not available on this machine", "use --device cpu")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise CliError(
+            raise UsageError(
                 f"--device {name}: only {torch.cuda.device_count()} CUDA device(s)",
                 f"use cuda:0 ... cuda:{torch.cuda.device_count() - 1}",
             )
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise CliError(f"--device {name}: MPS is not available on this machine", "use --device cpu")
+        raise UsageError(f"--device {name}: MPS is not available on this machine", "use --device cpu")
 
 
 def check_path(

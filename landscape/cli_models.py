@@ -138,13 +138,13 @@ def build_model(spec: str, kwargs: Mapping[str, Any]) -> nn.Module:
         )
     try:
         model = make()
-    except TypeError as exc:
-        raise CliError(
+    except TypeError as exc:  # argument values of the command line: a bad command line (exit 2)
+        raise UsageError(
             f"--model {spec} does not take the model arguments {kwargs} ({exc})",
             f"pass only arguments its constructor accepts{': ' + signature if signature else ''}",
         ) from None
     except ValueError as exc:
-        raise CliError(f"--model {spec} with {kwargs}: {exc}", "fix the --model-arg values") from None
+        raise UsageError(f"--model {spec} with {kwargs}: {exc}", "fix the --model-arg values") from None
     if not isinstance(model, nn.Module):
         raise CliError(
             f"--model {spec} returned a {type(model).__name__}, not an nn.Module",

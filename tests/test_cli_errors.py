@@ -103,13 +103,13 @@ SURFACE_CASES = [
     (["--model-arg", "sizes"], 2, ["not KEY=VALUE", "--model-arg sizes=64,32,10"]),
     (["--model-arg", "{bad"], 2, ["not valid JSON"]),
     (["--model-arg", "sizes=64,32,10", "--model-arg", "sizes=64,8,10"], 2, ["'sizes' is given twice"]),
-    (["--model-arg", "width=3"], 1, ["does not take the model arguments", "width"]),
+    (["--model-arg", "width=3"], 2, ["does not take the model arguments", "width"]),
     (
         ["--data", "mnist:/no/such/dir"],
-        1,
+        2,
         ["data directory /no/such/dir does not exist", "nothing is downloaded"],
     ),
-    (["--data", "imagenet"], 1, ["unknown data spec 'imagenet'"]),
+    (["--data", "imagenet"], 2, ["unknown data spec 'imagenet'"]),
     (["--data", "digits:test", "--split", "train"], 2, ["disagree", "give the split once"]),
     (["--data", "digits:validation"], 2, ["unknown split 'validation'"]),
     (["--device", "bogus"], 2, ["--device 'bogus' is not a device name"]),
@@ -199,7 +199,7 @@ def test_toy_figures_bad_inputs(files, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_unavailable_device(files, capsys):
     code, line = fails(landscape_main, _surface(files, "--device", "cuda"), capsys)
-    assert code == 1 and "CUDA is not available" in line and "--device cpu" in line
+    assert code == 2 and "CUDA is not available" in line and "--device cpu" in line
 
 
 def test_debug_prints_the_traceback_then_the_line(files, capsys):

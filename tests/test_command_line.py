@@ -84,6 +84,35 @@ def test_a_bad_argument_is_one_error_line_and_status_2(name, capsys):
         assert f"`sharpscape {name}" in lines[0], lines[0]
 
 
+BAD_VALUES = {
+    "unknown --data form": ["sharpness", "--model", "mlp", "--data", "bogus"],
+    "missing --data directory": [
+        "surface",
+        "--model",
+        "mlp",
+        "--data",
+        "mnist:/no/such/dir",
+        "--out",
+        "s.npz",
+    ],
+    "study without a subcommand": ["study"],
+    "study report of a non-study directory": ["study", "report", "."],
+}
+
+
+@pytest.mark.parametrize("case", BAD_VALUES)
+def test_every_bad_command_line_exits_2_naming_sharpscape(case, capsys, tmp_path, monkeypatch):
+    """A bad value (not only a bad option) is a bad command line: status 2, one error line, and the
+    advice names the command as the user typed it (not ``python -m experiments.study``)."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _exit(BAD_VALUES[case], capsys)
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(lines) == 1, err
+    assert "Traceback" not in err and "python -m experiments" not in err, err
+    if case.startswith("study report"):
+        assert "`sharpscape study run CONFIG --out DIR`" in lines[0], lines[0]
+
+
 def test_unknown_option_points_at_the_commands_help(capsys):
     code, _, err = _exit(["run", "configs/digits_sam_vs_sgd.toml", "--bogus"], capsys)
     assert code == 2 and "see `sharpscape run --help`" in err, err

@@ -150,6 +150,11 @@ def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
         )
         for option in ("figure", "json", "csv", "markdown"):
             check_path(getattr(args, option), f"--{option}")
+        if not (Path(args.dir) / "study_config.json").is_file():
+            raise UsageError(
+                f"DIR {args.dir} holds no study_config.json (not the --out directory of a study)",
+                f"give the --out directory of `{prog} run CONFIG --out DIR`",
+            )
         doc = write_report(
             args.dir,
             figure=args.figure,
@@ -162,13 +167,27 @@ def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
         print(doc["markdown"], end="")
         return 0
     parser.print_help()
-    raise ValueError("no command given — choose one of: run, report")
+    raise UsageError("no command given", "choose one of: run, report")
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m experiments.study") -> int:
+PROG = "python -m experiments.study"
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     """Run a command; returns 0, or raises ``SystemExit`` after one ``error:`` line. ``prog`` names
     the program in usage and errors (``sharpscape study`` passes its own)."""
-    return run_cli(lambda args: _main(args, prog), argv)
+    return run_cli(lambda args: _named(args, prog), argv)
+
+
+def _named(argv: list[str], prog: str) -> int:
+    """:func:`_main`, its library errors' advice in the program's own name (the report and member
+    functions name ``python -m experiments.study``; ``sharpscape study`` is the same command)."""
+    try:
+        return _main(argv, prog)
+    except ValueError as exc:
+        if prog == PROG or PROG not in str(exc) or type(exc) is not ValueError:
+            raise
+        raise ValueError(str(exc).replace(PROG, prog)) from None
 
 
 if __name__ == "__main__":
