@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 import landscape as ls
 from landscape.data import load_digits
@@ -49,7 +50,7 @@ def train(model: nn.Module, x, y, *, sam: bool, epochs: int, lr: float = 0.05, s
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     gen = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
+    for _ in tqdm(range(epochs), desc="train SAM" if sam else "train SGD", unit="epoch"):
         perm = torch.randperm(len(y), generator=gen)
         for i in range(0, len(y), 64):
             xb, yb = x[perm[i : i + 64]], y[perm[i : i + 64]]
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> dict[str, SharpnessReport]:
         obj = ls.Objective(model, nn.CrossEntropyLoss(), [(x, y)], dtype=torch.float64)
         test = ls.Objective(model, nn.CrossEntropyLoss(), [(xt, yt)], dtype=torch.float64).evaluate()
         train_eval = obj.evaluate()
-        reports[name] = ls.sharpness_report(obj, MEASURES)
+        print(f"{name}: {len(MEASURES)} measures (a bar over them, with an estimate)", flush=True)
+        reports[name] = ls.sharpness_report(obj, MEASURES, progress=True)
         reports[name].config["accuracy"] = {"train": train_eval["accuracy"], "test": test["accuracy"]}
         print(
             f"{name}: train loss {train_eval['loss']:.4f} acc {train_eval['accuracy']:.4f} | "

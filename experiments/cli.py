@@ -31,6 +31,7 @@ from experiments.toml_writer import dumps
 from landscape.cli_common import (
     CliError,
     Parser,
+    TaskProgress,
     Terminated,
     UsageError,
     add_debug_option,
@@ -96,7 +97,12 @@ def _parser(prog: str = "python -m experiments") -> Parser:
     run.intermixed = "overrides"  # options may stand among the overrides: a=1 --no-progress b=2
     table = sub.add_parser("table", help="mean ± std over seeds per method and metric")
     table.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or directories above them")
-    table.add_argument("--format", choices=("markdown", "csv", "json"), default="markdown")
+    table.add_argument(
+        "--format",
+        choices=("markdown", "csv", "json"),
+        default="markdown",
+        help="output format (default: markdown)",
+    )
     table.add_argument("--out", help="write the table to this file (atomically) instead of stdout")
     table.add_argument("--plot", help="also write a bar chart with error bars (PNG)")
     table.add_argument("--metrics", help="comma-separated metrics to show (default: all)")
@@ -167,10 +173,12 @@ def _run(args: Any) -> int:
     progress = cfg["progress"] and not args.no_progress
     rows, diverged = [], []
     try:
-        for i, r in enumerate(mine, 1):
+        overall = TaskProgress(len(mine), "run")
+        for r in mine:
             if ctx.is_main:
-                note(f"run {i}/{len(mine)}: {r.run_dir}")
+                overall.begin(str(r.run_dir))
             metrics = run_one(r, device=device, ctx=ctx, progress=progress)
+            overall.end()
             if metrics.get("status") == "diverged":
                 diverged.append((r, metrics.get("divergence", {})))
                 continue

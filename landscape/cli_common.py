@@ -190,6 +190,54 @@ def note(text: str) -> None:
     print(f"note: {text}", flush=True)
 
 
+def format_seconds(seconds: float) -> str:
+    """``42 s``, ``3.5 min``, ``2.1 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class TaskProgress:
+    """Overall progress of a command that runs ``total`` long tasks one after another (the runs of a
+    config, the figures): :meth:`begin` notes ``what k/n: NAME (elapsed T, about R left)``, the
+    estimate the mean time of the tasks finished so far times those left (tasks that took under
+    ``quick`` seconds -- finished runs found on disk -- do not count: they would make it too low)."""
+
+    def __init__(self, total: int, what: str, *, quick: float = 1.0) -> None:
+        self.total, self.what, self.quick = total, what, quick
+        self.start = time.monotonic()
+        self.durations: list[float] = []
+        self.done = 0
+        self._began: float | None = None
+
+    def line(self, name: str) -> str:
+        elapsed = time.monotonic() - self.start
+        text = f"{self.what} {self.done + 1}/{self.total}: {name}"
+        if self.done:
+            text += f" (elapsed {format_seconds(elapsed)}"
+            if self.durations:
+                left = sum(self.durations) / len(self.durations) * (self.total - self.done)
+                text += f", about {format_seconds(left)} left"
+            text += ")"
+        return text
+
+    def begin(self, name: str) -> None:
+        """Note the next task (stdout); call :meth:`end` when it finishes."""
+        note(self.line(name))
+        self._began = time.monotonic()
+
+    def end(self) -> None:
+        if self._began is None:
+            raise RuntimeError("TaskProgress.end() without begin()")
+        seconds = time.monotonic() - self._began
+        if seconds >= self.quick:
+            self.durations.append(seconds)
+        self.done += 1
+        self._began = None
+
+
 # ------------------------------------------------------------------------------------------ signals
 @contextlib.contextmanager
 def sigterm_raises_interrupt() -> Iterator[None]:

@@ -8,6 +8,7 @@ and ``sharpscape dashboard`` binds 127.0.0.1 unless told otherwise. Starting the
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import subprocess
@@ -17,7 +18,12 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from experiments.cli import _parser as experiments_parser
+from experiments.study.__main__ import _parser as study_parser
+from landscape import cli_common
+from landscape.cli import build_parser as landscape_parser
 from sharpscape import command, dashboard, resources
+from toy_problems.__main__ import _parser as figures_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("run", "table", "study", "figures", "sharpness", "surface", "dashboard")
@@ -246,3 +252,57 @@ def test_readme_lists_every_command():
     for name in COMMANDS:
         assert f"sharpscape {name}" in section, name
     assert "sharpscape run --list-configs" in section and "127.0.0.1" in section
+
+
+def _every_option():
+    """(command, option) for every option of every command line (sharpscape's and the python -m
+    forms share these parsers)."""
+    parsers = {
+        "landscape": landscape_parser(),
+        "experiments": experiments_parser(),
+        "study": study_parser(),
+        "dashboard": dashboard.build_parser(),
+        "figures": figures_parser(),
+    }
+
+    def walk(parser, name):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, p in action.choices.items():
+                    yield from walk(p, f"{name} {sub}")
+            elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+                yield name, action
+
+    for name, parser in parsers.items():
+        yield from walk(parser, name)
+
+
+def test_every_option_has_help_naming_its_default():
+    """Every option says what it does, and one with a default value names it in its help."""
+    missing, silent_default = [], []
+    for name, action in _every_option():
+        flag = action.option_strings[0] if action.option_strings else action.dest
+        text = action.help or ""
+        if not text or text == argparse.SUPPRESS:
+            missing.append(f"{name} {flag}")
+        elif action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            silent_default.append(f"{name} {flag} (default {action.default!r})")
+    assert not missing and not silent_default, (missing, silent_default)
+
+
+def test_task_progress_estimates_from_the_tasks_that_ran(monkeypatch, capsys):
+    clock = iter([0.0, 0.0, 0.0, 10.0, 10.0, 10.0, 10.2, 10.2, 10.2, 40.0])  # tasks: 10 s, 0.2 s (found), 29.8 s
+    monkeypatch.setattr(cli_common.time, "monotonic", lambda: next(clock))
+    progress = cli_common.TaskProgress(4, "run")
+    progress.begin("a")
+    progress.end()
+    progress.begin("b")
+    progress.end()
+    progress.begin("c")
+    progress.end()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "note: run 1/4: a"
+    assert lines[1] == "note: run 2/4: b (elapsed 10 s, about 30 s left)"  # 10 s x 3 left
+    assert lines[2] == "note: run 3/4: c (elapsed 10 s, about 20 s left)"  # the 0.2 s task does not count
+    with pytest.raises(RuntimeError, match="without begin"):
+        progress.end()

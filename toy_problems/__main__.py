@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 import toy_problems as tp
-from landscape.cli_common import CliError, Parser, add_debug_option, check_path, run_cli
+from landscape.cli_common import CliError, Parser, TaskProgress, add_debug_option, check_path, run_cli
 from toy_problems.figures import FIGURES, make_figures
 
 
@@ -27,7 +27,7 @@ def _resolution(text: str) -> int:
     return value
 
 
-def _main(argv: list[str], prog: str = "python -m toy_problems") -> int:
+def _parser(prog: str = "python -m toy_problems") -> Parser:
     parser = Parser(prog=prog)
     add_debug_option(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -35,18 +35,30 @@ def _main(argv: list[str], prog: str = "python -m toy_problems") -> int:
     fig.add_argument("--out", required=True, help="output directory")
     fig.add_argument("--only", action="append", choices=list(FIGURES), help="one figure (repeatable)")
     fig.add_argument(
-        "--resolution", type=_resolution, default=200, help="grid size (>= 10); < 100 = reduced mode"
+        "--resolution",
+        type=_resolution,
+        default=200,
+        help="grid size (>= 10; default: 200); < 100 = reduced mode",
     )
     add_debug_option(fig)
     listing = sub.add_parser("list", help="list the registered toy problems")
     add_debug_option(listing)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _main(argv: list[str], prog: str = "python -m toy_problems") -> int:
+    args = _parser(prog).parse_args(argv)
     if args.command == "list":
         print("\n".join(tp.names()))
         return 0
     check_path(args.out, "--out", "directory")
+    names = args.only or list(FIGURES)
+    overall = TaskProgress(len(names), "figure")
     try:
-        make_figures(args.out, args.only, args.resolution)
+        for name in names:
+            overall.begin(name)
+            make_figures(args.out, [name], args.resolution)
+            overall.end()
     except ValueError as exc:
         raise CliError(str(exc), f"see `{prog} figures --help`") from None
     return 0

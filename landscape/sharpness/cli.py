@@ -107,22 +107,52 @@ def add_cli(subparsers: Any) -> None:
     )
     add_model_options(p)
     p.add_argument("--data", default="digits", help=DATA_HELP)
-    p.add_argument("--split", default=None, choices=("train", "test", "all"))
+    p.add_argument(
+        "--split",
+        default=None,
+        choices=("train", "test", "all"),
+        help="which part of --data (default: train)",
+    )
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N examples")
-    p.add_argument("--loss", default="cross_entropy", choices=sorted(_LOSSES))
-    p.add_argument("--measures", default="lambda_max,hessian_trace,gradient_norm,worst_case,average_case")
+    p.add_argument(
+        "--loss",
+        default="cross_entropy",
+        choices=sorted(_LOSSES),
+        help="the loss whose sharpness is measured (default: cross_entropy, mean over the examples)",
+    )
+    p.add_argument(
+        "--measures",
+        default="lambda_max,hessian_trace,gradient_norm,worst_case,average_case",
+        help=f"comma-separated measures, from: {', '.join(MEASURES)} (default: %(default)s)",
+    )
     p.add_argument(
         "--set",
         action="append",
         metavar="MEASURE.OPTION=VALUE",
         help="a measure option, repeatable (values parsed as JSON): --set worst_case.rho=0.1",
     )
-    p.add_argument("--batch-size", type=positive_int, default=512)
-    p.add_argument("--dtype", default="float64", choices=("float32", "float64"))
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=512,
+        help="examples per forward pass; the measures use all of --data (default: 512)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="float64",
+        choices=("float32", "float64"),
+        help="precision of the model (default: float64)",
+    )
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the model's)")
-    p.add_argument("--mode", default="eval", choices=("eval", "train"))
+    p.add_argument(
+        "--mode",
+        default="eval",
+        choices=("eval", "train"),
+        help="the model's mode while measuring: eval (BatchNorm running statistics, no dropout) or "
+        "train (default: eval)",
+    )
     p.add_argument("--out", default=None, help="JSON file (written atomically)")
     p.add_argument("--csv", default=None, help="CSV file (written atomically)")
-    p.add_argument("--progress", action="store_true")
+    p.add_argument("--progress", action="store_true", help="show a progress bar per measure")
     add_debug_option(p)
     p.set_defaults(func=_run_cli)

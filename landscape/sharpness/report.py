@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tqdm.auto import tqdm
+
 from landscape.io import atomic_write_json, atomic_write_text, to_jsonable
 from landscape.results import Result
 from landscape.sharpness.api import _FUNCTIONS, MEASURES, SharpnessResult, sharpness
@@ -162,7 +164,13 @@ def sharpness_report(
         if name not in _FUNCTIONS:
             raise ValueError(f"unknown measure {name!r}; available: {', '.join(MEASURES)}")
     t0 = time.perf_counter()
-    rows = [sharpness(obj, name, progress=progress, **opts) for name, opts in specs]
+    # progress: an overall bar over the measures (its estimate from those done), each measure's
+    # own bars below it
+    bar = tqdm(specs, desc="measures", unit="measure", disable=not progress, smoothing=0.0)
+    rows = []
+    for name, opts in bar:
+        bar.set_postfix_str(name)
+        rows.append(sharpness(obj, name, progress=progress, **opts))
     return SharpnessReport(
         config={"objective": obj.config(), "measures": [[n, o] for n, o in specs]},
         seconds=time.perf_counter() - t0,

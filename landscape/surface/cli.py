@@ -223,21 +223,59 @@ def add_cli(subparsers: Any) -> None:
     )
     p.add_argument("--split", default=None, choices=("train", "test", "all"), help="default: all")
     p.add_argument("--limit", type=positive_int, default=None, help="use only the first N examples")
-    p.add_argument("--batch-size", type=positive_int, default=2048)
+    p.add_argument(
+        "--batch-size", type=positive_int, default=2048, help="examples per forward pass (default: 2048)"
+    )
     p.add_argument(
         "--grid", type=positive_int, nargs="+", action=OneOrTwo, default=[51], metavar="N",
-        help="points per axis: N, or NX NY",
+        help="points per axis: N, or NX NY (default: 51)",
     )  # fmt: skip
-    p.add_argument("--range", type=finite_float, nargs=2, default=[-1.0, 1.0], metavar=("LO", "HI"))
-    p.add_argument("--yrange", type=finite_float, nargs=2, default=None, metavar=("LO", "HI"))
-    p.add_argument("--dims", type=int, choices=(1, 2), default=2)
-    p.add_argument("--normalization", default="filter", choices=("filter", "layer", "weight", "model"))
+    p.add_argument(
+        "--range",
+        type=finite_float,
+        nargs=2,
+        default=[-1.0, 1.0],
+        metavar=("LO", "HI"),
+        help="coordinates along direction 1, in units of the normalised direction (default: -1 1)",
+    )
+    p.add_argument(
+        "--yrange",
+        type=finite_float,
+        nargs=2,
+        default=None,
+        metavar=("LO", "HI"),
+        help="coordinates along direction 2 (default: --range)",
+    )
+    p.add_argument("--dims", type=int, choices=(1, 2), default=2, help="1-D line or 2-D plane (default: 2)")
+    p.add_argument(
+        "--normalization",
+        default="filter",
+        choices=("filter", "layer", "weight", "model"),
+        help="how the random directions are scaled to the weights (default: filter, Li et al. 2018)",
+    )
     p.add_argument(
         "--seed", type=nonnegative_int, default=0, help="seed of direction 1 (direction 2 uses seed+1)"
     )
-    p.add_argument("--bn-policy", default=None, choices=_BN_POLICIES)
-    p.add_argument("--strategy", default="auto", choices=_STRATEGIES)
-    p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument(
+        "--bn-policy",
+        default=None,
+        choices=_BN_POLICIES,
+        help="BatchNorm statistics at each point: eval (the stored running statistics), train (batch "
+        "statistics) or recompute (re-estimated on the data at every point) (default: eval)",
+    )
+    p.add_argument(
+        "--strategy",
+        default="auto",
+        choices=_STRATEGIES,
+        help="how the points are evaluated; every strategy gives the same numbers (default: auto, "
+        "the fastest that applies)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "float64"),
+        help="precision of the model (default: float32)",
+    )
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the model's)")
     p.add_argument(
         "--out",
