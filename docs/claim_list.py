@@ -13,7 +13,8 @@ from typing import Any
 from claim import Claim
 from claim_list_products import CLAIMS as PRODUCT_CLAIMS
 
-README = ("README.md",)
+REPRODUCTIONS = ("docs/reproductions.md",)
+BENCHMARKS = ("docs/benchmarks.md",)
 FIGURES = "python -m toy_problems figures --only {name} --out {{out}}"
 TOY = (
     "toy_problems/figures/fisher_sam.py",
@@ -75,8 +76,8 @@ def _swag_row(label: str, method: str) -> tuple[str, dict[str, Any]]:
 
 
 def _digits_table() -> tuple[str, dict[str, str]]:
-    """The README's 8-epoch digits table (``docs/figures/digits_miniature.json``): quote and values;
-    the bSAM rows are its model average (``bma_*``) with the λ_max of its mean weights."""
+    """The 8-epoch digits table of ``docs/reproductions.md`` (``docs/figures/digits_miniature.json``):
+    quote and values; the bSAM rows are its model average (``bma_*``) with the λ_max of its mean weights."""
     rows = [
         ("clean", "clean labels", "sgd", "SGD", ""),
         ("clean", "", "sam", "SAM", "SAM flatter: not resolved (within 1 std)"),
@@ -147,7 +148,7 @@ CLAIMS = [
         quote="Eq. 15 of the Fisher-SAM paper as printed gives minima at ({fx:.2f}, {fy:.2f}) and ({sx:.2f}, "
         "{sy:.2f}) with losses {fl:.3f} / {sl:.3f} (paper: 0.51 / 0.49) and Hessian traces {ft:.4f} / "
         "{st:.4f} (paper 0.001 / 0.006)",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=TOY,
         rerun=FIGURES.format(name="fsam_fig1"),
         tolerance=5e-4,
@@ -158,7 +159,7 @@ CLAIMS = [
         source="docs/figures/fsam_fig2.json",
         values={"x": "runs.SAM.end.0", "y": "runs.SAM.end.1"},
         quote="SAM ends at ({x:.2f}, {y:.2f}) and ASAM at",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=TOY,
         rerun=FIGURES.format(name="fsam_fig2"),
         tolerance=0.01,
@@ -174,7 +175,7 @@ CLAIMS = [
         },
         quote="ASAM at ({ax:.2f}, {ay:.2f}), both in the sharp basin; Fisher-SAM ends at "
         "({fx:.2f}, {fy:.2f}) in the flat basin",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=TOY,
         rerun=FIGURES.format(name="fsam_fig3"),
         tolerance=0.01,
@@ -184,7 +185,7 @@ CLAIMS = [
         source="docs/figures/fsam_fig2_small_gamma.json",
         values={"x": "runs.FSAM.end.0", "y": "runs.FSAM.end.1"},
         quote="Fisher-SAM stalls on the ridge at a saddle ({x:.2f}, {y:.2f})",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=TOY,
         rerun=FIGURES.format(name="fsam_fig2_small_gamma"),
         tolerance=0.01,
@@ -200,7 +201,7 @@ CLAIMS = [
         quote="bSAM's predictive map is closer to the exact one than SAM's (mean TV {b:.3f} vs {s:.3f}) "
         "at the figure's 1,000 steps. Laplace at the SAM point has {det:.1f}× the exact covariance "
         "determinant",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=BSAM_FIG,
         rerun=FIGURES.format(name="bsam_fig3"),
         tolerance=0.002,
@@ -215,7 +216,7 @@ CLAIMS = [
         },
         quote="λ_max rises to 2/lr and stays within {dev:.1f} % of it over the last 200 steps for lr 1.5, "
         "2 and 3",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=("docs/make_eos_figure.py", "landscape/curvature/monitor.py"),
         rerun="python docs/make_eos_figure.py --out {out}/edge_of_stability.png",
         tolerance=0.2,
@@ -225,7 +226,7 @@ CLAIMS = [
         source="benchmarks/results/training_mlp_cpu.json",
         values={"m8": _target("sam_m8_le_2.0x_sam_m1")},
         quote="SAM m=8 costs {m8:.2f}× SAM m=1",
-        files=README,
+        files=BENCHMARKS,
         inputs=("benchmarks/bench_training.py",),
         notes=BENCH_NOTE,
     ),
@@ -234,7 +235,7 @@ CLAIMS = [
         source="benchmarks/results/training_mlp_cpu.json",
         values={"bsam": _target("bsam_m1_le_2.2x_sgd")},
         quote="bSAM m=1 is {bsam:.2f}× SGD",
-        files=README,
+        files=BENCHMARKS,
         inputs=("benchmarks/bench_training.py",),
         notes=BENCH_NOTE,
     ),
@@ -243,7 +244,7 @@ CLAIMS = [
         source="benchmarks/results/training_mlp_cpu.json",
         values={"epoch": _target("runner_sgd_epoch_le_1.10x_minimal_loop")},
         quote="epoch {epoch:.2f}× the minimal",
-        files=README,
+        files=BENCHMARKS,
         inputs=("benchmarks/bench_training.py",),
         notes=BENCH_NOTE,
     ),
@@ -258,7 +259,7 @@ CLAIMS = [
         },
         quote="SAM is more robust than SGD (final test accuracy {s4:.3f} / {s6:.3f} vs {g4:.3f} / "
         "{g6:.3f}) at ρ = 0.5",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=MINIATURE_INPUTS,
         rerun=MINIATURE_RUN,
         tolerance=0.01,
@@ -272,7 +273,7 @@ CLAIMS = [
             "g": _mean("label_noise", LN6, "sgd", "accuracy"),
         },
         quote="**not resolved** at 40 % or 60 % ({b:.3f} vs {g:.3f} at 60 %",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=MINIATURE_INPUTS,
         rerun=MINIATURE_RUN,
         tolerance=0.01,
@@ -287,7 +288,7 @@ CLAIMS = [
             "s": _mean("label_noise", LN4, "sam", "ece"),
         },
         quote="(ECE {b:.3f} vs {g:.3f} / {s:.3f}): **reproduced**",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=MINIATURE_INPUTS,
         rerun=MINIATURE_RUN,
         tolerance=0.01,
@@ -301,7 +302,7 @@ CLAIMS = [
             "s": _mean("flat_posteriors", "", "sgld", "bma_nll"),
         },
         quote="only F-SGLD's NLL ({f:.3f} vs {s:.3f}) is resolved",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=MINIATURE_INPUTS,
         rerun=MINIATURE_RUN,
         tolerance=0.01,
@@ -320,7 +321,7 @@ CLAIMS = [
         },
         quote="F-SWAG's sampled models are flatter than SWAG's (λ_max {f:.3f} ± {f_sd:.3f} vs {s:.3f} ± "
         "{s_sd:.3f}, Hessian trace {ft:.1f} vs {st:.1f})",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=MINIATURE_INPUTS,
         rerun=MINIATURE_RUN,
         tolerance=0.01,
@@ -354,7 +355,7 @@ CLAIMS = [
         source="docs/figures/digits_miniature.json",
         values=DIGITS_VALUES,
         quote=DIGITS_QUOTE,
-        files=README,
+        files=REPRODUCTIONS,
         inputs=("configs/digits_sam_vs_sgd.toml", "docs/make_digits_table.py"),
         rerun="python docs/make_digits_table.py --out {out}",
         tolerance=0.005,
@@ -365,7 +366,7 @@ CLAIMS = [
         values={"line": "line.barrier", "bezier": "bezier.barrier"},
         quote="Two tanh MLPs from different seeds on two rings (`python docs/make_paths_example.py`, "
         "`docs/figures/paths_rings.json`): line barrier {line:.2f}, Bézier {bezier:.2f}.",
-        files=README,
+        files=REPRODUCTIONS,
         inputs=("docs/make_paths_example.py", "landscape/surface/paths.py", "landscape/surface/curves.py"),
         rerun="python docs/make_paths_example.py --out {out}",
         tolerance=0.01,

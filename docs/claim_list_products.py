@@ -1,6 +1,6 @@
-"""Claims of the README's CPU curvature-product benchmark (``benchmarks/bench_products.py``): the
-time and memory tables, the targets paragraph and the spectra sentence, each number read from the
-committed ``benchmarks/results/products_cpu*.json``.
+"""Claims of the CPU curvature-product benchmark (``benchmarks/bench_products.py``, quoted in
+``docs/benchmarks.md``): the time and memory tables, the targets paragraph and the spectra sentence,
+each number read from the committed ``benchmarks/results/products_cpu*.json``.
 
 Timings and peak memory are measurements (``rerun=None``): their quotes are checked against their
 JSON, not re-measured (the benchmark takes hours on 2 CPU cores).
@@ -12,7 +12,7 @@ from typing import Any
 
 from claim import Claim
 
-README = ("README.md",)
+BENCHMARKS = ("docs/benchmarks.md",)
 RESNET_MLP = "benchmarks/results/products_cpu.json"
 TRANSFORMER_WRN = "benchmarks/results/products_cpu_transformer_wrn.json"
 SPECTRA = "benchmarks/results/products_cpu_spectra.json"
@@ -86,7 +86,9 @@ def _memory_values(model: str, pyhessian: bool) -> dict[str, Any]:
 
 
 def _claim(cid: str, source: str, values: dict[str, Any], quote: str) -> Claim:
-    return Claim(id=cid, source=source, values=values, quote=quote, files=README, inputs=INPUTS, notes=NOTE)
+    return Claim(
+        id=cid, source=source, values=values, quote=quote, files=BENCHMARKS, inputs=INPUTS, notes=NOTE
+    )
 
 
 def _time_row(name: str, bold_h: bool, bold_g: bool) -> str:
@@ -104,7 +106,8 @@ def _memory_row(name: str, bold_h: bool, pyhessian: bool) -> str:
     return f"| {name} | {h} | {{g:.2f}}× | {{ef:.2f}}× | {{mc:.2f}}× |"
 
 
-#: (id part, model key, README name, source, bold Hessian / GGN times, bold Hessian memory, PyHessian memory)
+#: (id part, model key, name in the tables, source, bold Hessian / GGN times, bold Hessian memory,
+#: PyHessian memory)
 MODELS = [
     ("resnet20", "resnet20", "ResNet-20", RESNET_MLP, (True, True), True, True),
     ("wrn16_4", "wrn", "WRN-16-4", TRANSFORMER_WRN, (False, False), False, True),

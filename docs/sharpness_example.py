@@ -1,5 +1,5 @@
-"""README worked example: the same small MLP trained on digits with SGD and with SAM, then the
-sharpness table for both.
+"""The user guide's worked example (Sharpness measures): the same small MLP trained on digits with
+SGD and with SAM, then the sharpness table for both.
 
     python docs/sharpness_example.py [--epochs 40] [--out DIR]
 

@@ -42,9 +42,9 @@ def test_a_hand_edited_number_or_changed_code_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(reg, "REGISTRY", tmp_path / "docs" / "claims.json")
     values = reg.read_values(claim)
     assert reg.quote_problems(claim, values) == []
-    readme = tmp_path / "README.md"
-    readme.write_text(readme.read_text().replace("(19.81, 29.94)", "(19.82, 29.94)"))
-    assert reg.quote_problems(claim, values) == ["README.md"]
+    page = tmp_path / claim.files[0]
+    page.write_text(page.read_text().replace("(19.81, 29.94)", "(19.82, 29.94)"))
+    assert reg.quote_problems(claim, values) == [claim.files[0]]
     code = tmp_path / claim.inputs[0]
     code.write_text(code.read_text() + "\n# changed\n")
     assert any("inputs changed" in p for p in reg.registry_problems([claim]))
@@ -59,12 +59,12 @@ def test_rewrite_writes_the_json_numbers_into_a_stale_quote_and_keeps_line_break
     right = reg.fill(claim, values)
     wrong = right.replace("| 2.23× |", "| 9.99× |").replace(" | 1.69×", "\n| 1.69×")
     assert wrong.count("9.99") == 1 and "\n" in wrong
-    (tmp_path / "README.md").write_text(f"before\n{wrong}\nafter\n")
-    assert reg.quote_problems(claim, values) == ["README.md"]
-    assert reg.rewrite_quotes(claim, values) == ["README.md"]
-    assert (tmp_path / "README.md").read_text() == "before\n" + right.replace(
-        " | 1.69×", "\n| 1.69×"
-    ) + "\nafter\n"
+    page = claim.files[0]
+    (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / page).write_text(f"before\n{wrong}\nafter\n")
+    assert reg.quote_problems(claim, values) == [page]
+    assert reg.rewrite_quotes(claim, values) == [page]
+    assert (tmp_path / page).read_text() == "before\n" + right.replace(" | 1.69×", "\n| 1.69×") + "\nafter\n"
     assert reg.quote_problems(claim, values) == [] and reg.rewrite_quotes(claim, values) == []
 
 

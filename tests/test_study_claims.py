@@ -1,9 +1,9 @@
-"""The README's "Study harness" bullet quotes the committed study (docs/figures/study_digits.json):
-the findings paragraph the report prints (``headline``, recomputed here from the JSON's values)
-appears in the bullet verbatim, and every other number of the bullet is one of that paragraph's,
-so a number edited by hand fails. The committed CSV, Markdown table and JSON agree. The slow test
-re-trains three committed members with the committed config and checks that they stop at the same
-epoch with the same training error (within 0.02)."""
+"""The "Study harness" bullet of ``docs/reproductions.md`` quotes the committed study
+(docs/figures/study_digits.json): the findings paragraph the report prints (``headline``, recomputed
+here from the JSON's values) appears in the bullet verbatim, and every other number of the bullet
+is one of that paragraph's, so a number edited by hand fails. The committed CSV, Markdown table and
+JSON agree. The slow test re-trains three committed members with the committed config and checks
+that they stop at the same epoch with the same training error (within 0.02)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ DOC = json.loads((FIG / "study_digits.json").read_text(encoding="utf-8"))
 
 
 def _bullet() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "reproductions.md").read_text(encoding="utf-8")
     start = text.index("- **Study harness**")
     end = text.find("\n- **", start + 1)
     return " ".join(text[start : end if end > 0 else None].split())
@@ -43,14 +43,14 @@ def test_headline_is_recomputed_from_the_json_values():
     assert headline(DOC) == DOC["headline"]
 
 
-def test_readme_bullet_quotes_the_headline_verbatim():
+def test_study_bullet_quotes_the_headline_verbatim():
     assert " ".join(DOC["headline"].split()) in _bullet()
 
 
-def test_every_number_of_the_readme_bullet_is_the_reports():
+def test_every_number_of_the_study_bullet_is_the_reports():
     allowed = set(_numbers(DOC["headline"]))
     stray = [n for n in _numbers(_bullet()) if n not in allowed]
-    assert not stray, f"numbers in the README's study bullet that the report does not print: {stray}"
+    assert not stray, f"numbers in the study bullet that the report does not print: {stray}"
 
 
 def test_committed_files_agree():

@@ -149,12 +149,12 @@ def test_vsam_fig1_claims_by_gradient_flow(two_figures):
     assert vsam.panel_region("B") == ((-40.0, 40.0), (8.0, 50.0))
 
 
-def test_readme_quotes_the_committed_figure_numbers():
+def test_reproductions_page_quotes_the_committed_figure_numbers():
     root = Path(__file__).resolve().parents[1]
     v = json.loads((root / "docs" / "figures" / "vsam_fig1.json").read_text())
     assert v["resolution"] == 200 and v["n_starts"] == list(vsam.VSAM_STARTS)  # the CLI's defaults
-    readme = (root / "README.md").read_text()
-    bullet = readme[readme.index("- VSAM Fig. 1:") :]
+    page = (root / "docs" / "reproductions.md").read_text()
+    bullet = page[page.index("- VSAM Fig. 1:") :]
     text = " ".join(bullet[: bullet.index("\n- ")].split())
     P = v["panels"]
     for s in (P["A"]["sharp"], P["A"]["on_band_sigma_gt_rho"]["sharp"], P["B"]["sharp"], P["C"]["sharp"]):

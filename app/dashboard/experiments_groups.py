@@ -41,7 +41,7 @@ __all__ = [
 #: line style per experiment (cycled)
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
-#: metrics shown first in a table (the README's miniature table); the rest can be added
+#: metrics shown first in a table (the miniature table of docs/reproductions.md); the rest can be added
 DEFAULT_METRICS = ("accuracy", "nll", "ece", "brier", "sharpness_lambda_max", "auroc_misclassification")
 
 #: metrics a table shows by default: more would not fit the page's width
