@@ -29,6 +29,11 @@ def _std(values: list[float]) -> float:
     return statistics.stdev(values)  # ddof 1, as the tables of docs/make_miniatures.py
 
 
+def _eos_over_seeds(d: dict, key: str, stat) -> float:
+    """``stat`` of ``key`` over every (learning rate, seed) run of the edge-of-stability figure."""
+    return stat([v for entry in d["across_seeds"]["per_lr"] for v in entry[key]["values"]])
+
+
 def _target(name: str):
     return lambda d: next(t["ratio"] for t in d["summary"]["targets"] if t["target"] == name)
 
@@ -298,16 +303,33 @@ CLAIMS = [
         id="edge_of_stability.last_200_steps",
         source="docs/figures/edge_of_stability.json",
         values={
+            "peak": lambda d: (
+                100
+                * (
+                    next(r for r in d["runs"] if r["summary"]["lr"] == 2.0)["summary"]["lambda_max_peak"]
+                    - 1.0
+                )
+            ),
+            "m": lambda d: (
+                100 * _eos_over_seeds(d, "last_200_steps_mean_relative_deviation", statistics.mean)
+            ),
+            "ms": lambda d: 100 * _eos_over_seeds(d, "last_200_steps_mean_relative_deviation", _std),
             "dev": lambda d: (
-                100 * max(r["summary"]["last_200_steps_max_relative_deviation"] for r in d["runs"])
-            )
+                100 * _eos_over_seeds(d, "last_200_steps_max_relative_deviation", statistics.mean)
+            ),
+            "devs": lambda d: 100 * _eos_over_seeds(d, "last_200_steps_max_relative_deviation", _std),
         },
-        quote="λ_max rises to 2/lr and stays within {dev:.1f} % of it over the last 200 steps for lr 1.5, "
-        "2 and 3",
+        quote="λ_max rises to 2/lr, overshoots it (by {peak:.0f} % at lr 2), then hovers just above it: over "
+        "the last 200 steps its mean lies {m:.1f} ± {ms:.1f} % above 2/lr and its largest deviation is "
+        "{dev:.1f} ± {devs:.1f} % (mean ± std over 5 seeds and lr 1.5, 2 and 3)",
         files=REPRODUCTIONS,
         inputs=("docs/make_eos_figure.py", "landscape/curvature/monitor.py"),
         rerun="python docs/make_eos_figure.py --out {out}/edge_of_stability.png",
-        tolerance=0.2,
+        # chaotic dynamics: another machine's rounding acts like another seed, so a re-run's mean over
+        # the 15 runs moves by about sqrt(2/15) std (0.3-0.45 points here, the stds 0.9 and 1.2);
+        # 1.5 points is over 3 of those
+        tolerance=1.5,
+        cost="expensive",
     ),
     Claim(
         id="bench_training.cpu_targets",
