@@ -207,10 +207,10 @@ CLAIMS = [
             "fx": "runs.FSAM.end.0",
             "fy": "runs.FSAM.end.1",
         },
-        quote="FSAM's ellipse with semi-axes {a:.1f} and {b:.2f}), the first worst-case probe (cyan), the first "
-        "update magnified 5 times (red) and the path (white). SAM ends in the sharp minimum's basin, at "
-        "$({sx:.2f}, {sy:.2f})$; FSAM probes along both axes and ends in the flat minimum's basin, at "
-        "$({fx:.2f}, {fy:.2f})$",
+        quote="FSAM's ellipse with semi-axes {a:.1f} and {b:.2f}), the first worst-case probe "
+        "(cyan), the first update magnified 5 times (red) and the path (white). SAM ends "
+        "in the sharp minimum's basin, at $({sx:.2f}, {sy:.2f})$; FSAM probes along both "
+        "axes and ends in the flat minimum's basin, at $({fx:.2f}, {fy:.2f})$",
         files=TOY_METHODS,
         inputs=TOY,
         rerun=FIGURES.format(name="fsam_fig2"),
@@ -251,10 +251,10 @@ CLAIMS = [
             "fx": "runs.FSAM.end.0",
             "fy": "runs.FSAM.end.1",
         },
-        quote="ASAM's neighbourhood has semi-axes ${aa:.3f}$ (along $\\mu$) and ${ab:.2f}$ (along $\\sigma$): it "
-        "cannot probe along $\\mu$, and it ends in the sharp basin, at $({ax:.2f}, {ay:.2f})$. FSAM's ellipse "
-        "(semi-axes {fa:.1f} and {fb:.2f}) explores both directions and ends in the flat basin, at "
-        "$({fx:.2f}, {fy:.2f})$",
+        quote="ASAM's neighbourhood has semi-axes ${aa:.3f}$ (along $\\mu$) and ${ab:.2f}$ "
+        "(along $\\sigma$): it cannot probe along $\\mu$, and it ends in the sharp basin, "
+        "at $({ax:.2f}, {ay:.2f})$. FSAM's ellipse (semi-axes {fa:.1f} and {fb:.2f}) "
+        "explores both directions and ends in the flat basin, at $({fx:.2f}, {fy:.2f})$",
         files=TOY_METHODS,
         inputs=TOY,
         rerun=FIGURES.format(name="fsam_fig3"),
@@ -274,10 +274,10 @@ CLAIMS = [
             "det": "posteriors.SAM+Laplace.det_cov_ratio_to_exact",
             "bdet": "posteriors.bSAM.det_cov_ratio_to_exact",
         },
-        quote="Mean TV to the exact predictive: bSAM {b:.3f}, SAM {s:.3f}, SAM+Laplace {l:.3f} (KL: {kb:.3f}, "
-        "{ks:.3f}, {kl:.3f}). Laplace at the SAM point has {det:.1f}x the exact covariance determinant "
-        "(wider, as the paper says). Our bSAM ellipse is much narrower than the exact posterior (det "
-        "ratio {bdet:.3f})",
+        quote="Mean TV to the exact predictive: bSAM {b:.3f}, SAM {s:.3f}, SAM+Laplace {l:.3f} "
+        "(KL: {kb:.3f}, {ks:.3f}, {kl:.3f}). Laplace at the SAM point has {det:.1f}x the "
+        "exact covariance determinant (wider, as the paper says). Our bSAM ellipse is "
+        "much narrower than the exact posterior (det ratio {bdet:.3f})",
         files=("docs/figures/README.md",),
         inputs=BSAM_FIG,
         rerun=FIGURES.format(name="bsam_fig3"),

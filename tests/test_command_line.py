@@ -291,7 +291,8 @@ def test_every_option_has_help_naming_its_default():
 
 
 def test_task_progress_estimates_from_the_tasks_that_ran(monkeypatch, capsys):
-    clock = iter([0.0, 0.0, 0.0, 10.0, 10.0, 10.0, 10.2, 10.2, 10.2, 40.0])  # tasks: 10 s, 0.2 s (found), 29.8 s
+    # tasks of 10 s, 0.2 s (found on disk) and 29.8 s
+    clock = iter([0.0, 0.0, 0.0, 10.0, 10.0, 10.0, 10.2, 10.2, 10.2, 40.0])
     monkeypatch.setattr(cli_common.time, "monotonic", lambda: next(clock))
     progress = cli_common.TaskProgress(4, "run")
     progress.begin("a")
