@@ -16,8 +16,9 @@ the halves the weights are *not* ``w``, so every public method is allowed in som
   ``second_step()`` (or ``step()`` without a closure); or ``cancel_step()``.
 
 ``zero_grad()`` is allowed in every state; a copy (``copy.deepcopy``, pickling, ``torch.save`` of
-the optimizer) in ``"idle"`` only, and it is the whole optimizer (its base optimizer, ``m``, ...). A call out of turn raises :class:`StepOrderError` (a
-``RuntimeError``) that names the call, the state and what to call instead, and changes nothing:
+the optimizer) in ``"idle"`` only, and it is the whole optimizer (its base optimizer, ``m``, ...).
+A call out of turn raises :class:`StepOrderError` (a ``RuntimeError``) that names the call, the
+state and what to call instead, and changes nothing:
 weights, BatchNorm statistics, optimizer state and generator stay as they were. In particular
 ``step(closure)`` is refused while a split step is open (it would be lost: the open step's
 ``second_step`` restores the weights it saved), a state dict is never taken or loaded with the
