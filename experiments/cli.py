@@ -35,6 +35,8 @@ from landscape.cli_common import (
     Terminated,
     UsageError,
     add_debug_option,
+    check_figure,
+    check_outputs,
     check_path,
     note,
     run_cli,
@@ -104,7 +106,7 @@ def _parser(prog: str = "python -m experiments") -> Parser:
         help="output format (default: markdown)",
     )
     table.add_argument("--out", help="write the table to this file (atomically) instead of stdout")
-    table.add_argument("--plot", help="also write a bar chart with error bars (PNG)")
+    table.add_argument("--plot", help="also write a bar chart with error bars (.png, .pdf, .svg, ...)")
     table.add_argument("--metrics", help="comma-separated metrics to show (default: all)")
     table.add_argument(
         "--strict",
@@ -249,11 +251,14 @@ def _table(args: Any) -> int:
             missing_fix=f"give run directories written by `{args.prog} run`",
         )
     check_path(args.out, "--out")
-    check_path(args.plot, "--plot")
+    check_figure(args.plot, "--plot")
     try:
         rows = collect_runs(args.runs)
-    except FileNotFoundError as exc:
-        raise UsageError(str(exc), f"give run directories written by `{args.prog} run`") from None
+    except (FileNotFoundError, ValueError) as exc:
+        what, _, fix = str(exc).partition(" — ")
+        raise UsageError(what, fix or f"give run directories written by `{args.prog} run`") from None
+    dirs = dict.fromkeys(r["_dir"] for r in rows)
+    check_outputs({"--out": args.out, "--plot": args.plot}, input_dirs=[("run directory", d) for d in dirs])
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     if metrics:
         known = {k for r in rows for k in r if not k.startswith("_")}

@@ -478,6 +478,9 @@ def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"a config is a TOML table, got {type(raw).__name__}")
     cfg = _merge("", raw, DEFAULTS)
+    if not cfg["out_dir"].strip():  # Path("") would put the runs in the current directory
+        raise ConfigError('config key out_dir is empty; give the directory the runs go to (default "runs")')
+    cfg["out_dir"] = str(Path(cfg["out_dir"]).expanduser())  # "~/runs" from a TOML file or `sh`
     cfg["methods"] = _check_methods(cfg["methods"])
     _check_free_numbers("train.optimizer_defaults", cfg["train"]["optimizer_defaults"])
     _check_numbers(cfg)

@@ -54,7 +54,7 @@ import tomllib
 
 from experiments import run_identity
 from landscape.deprecation import moved_names
-from landscape.io import atomic_write, atomic_write_text, read_json, to_jsonable
+from landscape.io import atomic_savefig, atomic_write_text, read_json, to_jsonable
 
 __all__ = [
     "aggregate",
@@ -76,13 +76,18 @@ _UNSET = "(unset)"
 NO_CONFIG = "no config.toml"
 
 
+#: the fix of a run file that cannot be read (a corrupt ``metrics.json`` or ``config.toml``)
+_BAD_RUN_FIX = "run that run again (delete its directory first), or leave it out of the run directories given"
+
+
 def _read_toml(path: Path) -> dict[str, Any] | None:
+    """A run's ``config.toml`` (``None`` without one); a corrupt one is a ``ValueError`` naming it."""
     if not path.is_file():
         return None
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError):
-        return None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise ValueError(f"{path}: not a readable config of a run ({exc}) — {_BAD_RUN_FIX}") from None
 
 
 def _divergence(run_dir: Path) -> dict[str, Any]:
@@ -116,9 +121,11 @@ def collect_runs(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
         if f in seen or not f.is_file():
             continue
         seen.add(f)
-        row = read_json(f, what="metrics file of a run")
+        row = read_json(f, what="metrics file of a run", fix=_BAD_RUN_FIX)
         if not isinstance(row, dict) or "method" not in row:
-            raise ValueError(f"{f} is not a metrics file of the experiment runner (no 'method' entry)")
+            raise ValueError(
+                f"{f} is not a metrics file of the experiment runner (no 'method' entry) — {_BAD_RUN_FIX}"
+            )
         row = dict(row)
         row["_dir"] = str(f.parent)
         cfg = _read_toml(f.parent / "config.toml")
@@ -131,7 +138,8 @@ def collect_runs(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
         rows.append(row)
     if not rows:
         raise ValueError(
-            f"no runs (metrics.json files) under {', '.join(map(str, paths))}; has a run finished?"
+            f"no runs (metrics.json files) under {', '.join(map(str, paths))} — give the out_dir of "
+            "`run` (or run directories under it); a run writes its metrics.json when it finishes"
         )
     return rows
 
@@ -530,7 +538,8 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
 
 
 def plot_table(entries: list[dict[str, Any]], path: str | Path, metrics: Sequence[str] | None = None) -> Path:
-    """Bar chart (one panel per metric, one bar per group, error bars = std over seeds) as PNG.
+    """Bar chart (one panel per metric, one bar per group, error bars = std over seeds) in the format
+    the name ends in (``.png``, ``.pdf``, ``.svg``, ...; PNG without one).
     Diverged runs are not in the bars; their count is under the group's name, and a group whose
     runs all diverged has no bar, only the word "diverged". A non-finite mean (a run's NaN / inf
     value) has no bar either, only ``nan`` / ``inf`` in red."""
@@ -566,7 +575,7 @@ def plot_table(entries: list[dict[str, Any]], path: str | Path, metrics: Sequenc
         ax.axis("off")
     fig.tight_layout()
     path = Path(path)
-    atomic_write(path, lambda p: fig.savefig(p, dpi=120, format="png"))
+    atomic_savefig(path, fig, dpi=120)
     plt.close(fig)
     return path
 

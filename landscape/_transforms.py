@@ -9,6 +9,7 @@ random seed for every pass, a shuffling sampler a permutation), fingerprinting i
 that outlives the call -- therefore runs under :func:`outside_transforms`: plain eager PyTorch on
 plain tensors, so nothing kept afterwards holds a wrapped tensor of a level that no longer exists
 (which made every later transform fail with torch's internal assertion ``level <= current_level``).
+Every pass over the data starts with :func:`data_iter`, which also keeps the caller's RNG as it was.
 
 Private functorch API, the same torch itself uses to build fake tensors inside transforms
 (``torch._subclasses.meta_utils``): ``torch._C._functorch.peek_interpreter_stack`` (non-empty
@@ -19,12 +20,12 @@ every transform level for the block and pushes the same levels back afterwards, 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
-__all__ = ["in_transform", "outside_transforms", "transform_tensors"]
+__all__ = ["data_iter", "in_transform", "outside_transforms", "transform_tensors"]
 
 
 def in_transform() -> bool:
@@ -38,6 +39,15 @@ def outside_transforms() -> contextlib.AbstractContextManager:
     transforms' levels are set aside for its duration.  Only for code on plain tensors (data,
     caches): a tensor the transform tracks must not enter it."""
     return temporarily_clear_interpreter_stack() if in_transform() else contextlib.nullcontext()
+
+
+def data_iter(data: Iterable) -> Iterator:
+    """``iter(data)`` outside every transform, with the caller's global RNG left as it was: a
+    ``DataLoader`` draws a base seed from the CPU generator each time it is iterated (the same seed
+    on every pass, then). What the iterator draws later -- a shuffling sampler its permutation, at
+    the first batch -- is the data's own randomness and is not hidden."""
+    with outside_transforms(), torch.random.fork_rng(devices=[]):
+        return iter(data)
 
 
 def transform_tensors(tensors: Iterable[torch.Tensor]) -> bool:

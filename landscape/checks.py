@@ -25,6 +25,7 @@ import torch
 __all__ = [
     "ArgumentTypeError",
     "available_bytes",
+    "check_bool",
     "check_budget",
     "check_choice",
     "check_finite",
@@ -77,6 +78,14 @@ def check_number(name: str, value: Any, *, integer: bool = False) -> float:
     if not _is_number(value):
         raise ArgumentTypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r})")
     return float(value)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``True`` or ``False`` (numpy's ``bool_`` too), returned as a ``bool``; anything else (``1``,
+    ``"yes"``, ``None``) is an :class:`ArgumentTypeError`."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be True or False, got {type(value).__name__} ({value!r})")
+    return bool(value)
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:

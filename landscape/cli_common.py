@@ -521,3 +521,60 @@ def check_path(
     ``None`` (an option not given) passes."""
     if path is not None:
         require_path(path, kind, read=read, option=option, missing_fix=missing_fix)
+
+
+def check_figure(path: str | os.PathLike | None, option: str) -> None:
+    """:func:`check_path` for a matplotlib figure: the name must end in a format matplotlib writes
+    (``.png``, ``.pdf``, ``.svg``, ...), which is the format written (:func:`landscape.io.atomic_savefig`)."""
+    if path is None:
+        return
+    check_path(path, option)
+    from matplotlib.backend_bases import FigureCanvasBase  # optional dependency: only for a figure
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if suffix not in kinds:
+        raise UsageError(
+            f"{option} {os.fspath(path)}: matplotlib cannot write "
+            + (f".{suffix} files" if suffix else "a file without an extension"),
+            f"end the name in one of .{', .'.join(sorted(kinds))}",
+        )
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_outputs(
+    outputs: dict[str, str | os.PathLike | None],
+    inputs: Sequence[tuple[str, str | os.PathLike]] = (),
+    input_dirs: Sequence[tuple[str, str | os.PathLike]] = (),
+) -> None:
+    """Refuse an output that would replace another output or an input of the same command: two of
+    ``outputs`` (option -> path; ``None``: not given) naming one file, an output that is one of the
+    files ``inputs`` (``(label, path)``) or that lies inside one of the directories ``input_dirs``
+    whose files the command reads. One :class:`UsageError` naming both; nothing is written."""
+    given = [(opt, os.fspath(p)) for opt, p in outputs.items() if p is not None]
+    for i, (opt, path) in enumerate(given):
+        for opt2, path2 in given[i + 1 :]:
+            if _same_file(path, path2):
+                raise UsageError(
+                    f"{opt} and {opt2} name the same file {path}", "give each output its own file"
+                )
+        real = os.path.realpath(path)
+        clash = [
+            f"is the {label} {os.fspath(src)}" for label, src in inputs if _same_file(path, os.fspath(src))
+        ]
+        clash += [
+            f"lies inside the {label} {os.fspath(src)}"
+            for label, src in input_dirs
+            if real.startswith(os.path.join(os.path.realpath(src), ""))
+        ]
+        if clash:
+            raise UsageError(
+                f"{opt} {path} {clash[0]}, which this command reads",
+                "write the output elsewhere (an output never replaces an input)",
+            )

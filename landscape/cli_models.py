@@ -167,14 +167,16 @@ def load_state_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        if "weights only load failed" in str(exc).lower():
+        if "unsupported global" in str(exc).lower():  # a pickled class: weights_only refuses it
             raise CliError(
                 f"--state-dict {path} holds pickled Python objects (a whole nn.Module?), which are not "
                 "loaded because unpickling can run arbitrary code",
                 save_hint,
             ) from None
+        with open(p, "rb") as fh:  # not a pickle torch can read: show what the file starts with
+            head = fh.read(16)
         raise CliError(
-            f"--state-dict {path} is not a readable PyTorch file ({one_line(exc, 200)})", save_hint
+            f"--state-dict {path} is not a PyTorch file (it starts with {head!r})", save_hint
         ) from None
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, KeyError, EOFError, ...
         raise CliError(

@@ -14,14 +14,14 @@ keeps what they return."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
-from landscape._transforms import transform_tensors
+from landscape._transforms import data_iter, transform_tensors
 
 Inputs = torch.Tensor | tuple | dict
 
@@ -307,13 +307,13 @@ def scan_data(
             "data must be one (inputs, targets) batch or a re-iterable of such batches "
             f"(list, DataLoader); got {type(data).__name__}"
         )
-    if iter(data) is data:
+    if isinstance(data, Iterator):  # iter(data) would start a one-shot source's only pass
         raise one_shot_error(f"a {type(data).__name__} is its own iterator")
     sizes: list[int] = []
     issues: dict[int, str] = {}
     labels: list[tuple[int, int, int]] = []
     first = None
-    for k, batch in enumerate(data):
+    for k, batch in enumerate(data_iter(data)):
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             raise TypeError(
                 f"batch {k} is not an (inputs, targets) pair but {type(batch).__name__}"
@@ -335,7 +335,11 @@ def scan_data(
                 "obj.call(obj.point(), obj.buffers(), inputs) inside the transform"
             )
         if targets.ndim == 0:
-            raise ValueError(f"batch {k}: targets must have a batch dimension, got a 0-d tensor")
+            raise ValueError(
+                f"batch {k}: targets must have a batch dimension, got a 0-d tensor (a single example); "
+                "give batches of examples, e.g. DataLoader(..., batch_size=32) (batch_size=None yields "
+                "single examples) or a list of (inputs, targets) with inputs and targets batch-first"
+            )
         if device is not None:
             for t in [*_tensors(inputs), targets]:
                 if t.device != device:
@@ -369,7 +373,7 @@ def scan_data(
             first = (inputs, targets)
     if not sizes or sum(sizes) == 0:
         raise ValueError("data is empty: it holds no batches / no examples")
-    if not _reiterable_by_contract(data) and next(iter(data), None) is None:
+    if not _reiterable_by_contract(data) and next(data_iter(data), None) is None:
         raise one_shot_error(f"a second pass over the data yields no batch (the first gave {len(sizes)})")
     return DataScan(sizes, issues, labels, first)
 

@@ -76,6 +76,13 @@ def require_path(
     location whose nearest existing directory cannot be written (``usage=False``)."""
     text = os.fspath(path)
     name = f"{option} {text}" if option else text
+    if not text.strip():  # Path("") is the current directory: never what an empty argument meant
+        raise PathError(f"{option or 'the path'} is empty{f' ({text!r})' if text else ''}", "give a path")
+    if text == "-":
+        raise PathError(
+            f"{name}: '-' (standard input / output) is not supported here",
+            f"give a file name{', or leave out the option' if option and not read else ''}",
+        )
     p = Path(text)
     exists = p.exists()
     if _ends_in_separator(text) and not p.is_dir():

@@ -32,7 +32,7 @@ from torch import nn
 
 from landscape import _objective_func as OF
 from landscape import validation as V
-from landscape._transforms import outside_transforms
+from landscape._transforms import data_iter, outside_transforms
 from landscape.data_fingerprint import DataFingerprint
 from landscape.guard import forked_rng, model_guard, tensor_slots
 from landscape.inputs import (
@@ -215,8 +215,7 @@ class Objective:
         seen, k = 0, 0
         # the data is constant: iterating it (a DataLoader draws a seed per pass), fingerprinting and
         # converting it run outside any torch.func transform (landscape._transforms), plain eager
-        with outside_transforms():
-            it = iter(it)
+        it = data_iter(it)  # the caller's RNG kept (the loader's base seed is drawn from a fork)
         while True:
             with outside_transforms():
                 batch = next(it, _END)

@@ -17,7 +17,9 @@ restores its parameters when the closure raises, so :meth:`LossScaler.step` skip
 below ``min_scale`` (default 1) raises :class:`ScaleUnderflow` -- gradients non-finite at every
 scale come from a NaN/inf loss or a diverged model, and skipping would go on forever (the runner
 records the run as diverged) -- and growth stops at ``2**127``. Settings and loaded state dicts are
-validated (a NaN, infinite or zero scale is refused). Usage::
+validated (a NaN, infinite or zero scale is refused; the scale and its factors must be powers of
+two), and so is what ``forward`` returns (the loss, a 0-d tensor with grad; no backward of its
+own). Usage::
 
     scaler = LossScaler()
     def forward():                       # the loss of the batch, forward only
@@ -32,19 +34,55 @@ For loops that run the passes themselves (gradient clipping, other trainers), se
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
-from landscape.checks import ArgumentTypeError, check_int, check_range
+from landscape.checks import ArgumentTypeError, check_bool, check_int, check_range
 
 __all__ = ["MAX_SCALE", "LossScaler", "ScaleUnderflow", "SkipStep"]
 
 
 #: The largest loss scale: the largest power of two below the float32 maximum.
 MAX_SCALE = 2.0**127
+
+
+def _power_of_two(name: str, value: Any, low: float, high: float, **ends: bool) -> float:
+    """A number in the interval (:func:`landscape.checks.check_range`) that is a power of two: the
+    scale is one (scaling and unscaling exact), so its initial value and factors must be."""
+    v = check_range(name, value, low, high, **ends)
+    if math.frexp(v)[0] != 0.5:
+        near = 2.0 ** round(math.log2(v))
+        raise ValueError(
+            f"{name} must be a power of two (e.g. {near:g}), got {value!r}: with another scale, "
+            "unscaling the gradients is not exact"
+        )
+    return v
+
+
+def _check_loss(loss: Any) -> torch.Tensor:
+    """What ``forward()`` returned, refused unless it is the loss :meth:`LossScaler.step` can scale
+    and differentiate: a 0-d floating tensor that requires grad."""
+    fix = "forward must return the batch's loss (a 0-d tensor, forward only: the scaler calls backward)"
+    if not isinstance(loss, torch.Tensor):
+        raise ArgumentTypeError(
+            f"LossScaler.step: forward returned a {type(loss).__name__}, not a tensor; {fix}, e.g. "
+            "`return loss_fn(model(x), y)` (not loss.item())"
+        )
+    if loss.numel() != 1 or not loss.is_floating_point():
+        raise ValueError(
+            f"LossScaler.step: forward returned a {loss.dtype} tensor of shape {list(loss.shape)}; {fix} "
+            "(a loss with reduction='none' needs .mean() or .sum())"
+        )
+    if not loss.requires_grad:
+        raise ValueError(
+            f"LossScaler.step: the loss forward returned does not require grad (computed under "
+            f"torch.no_grad(), or detached); {fix}, computed from the model's output with grad enabled"
+        )
+    return loss
 
 
 class SkipStep(Exception):
@@ -61,7 +99,8 @@ class LossScaler:
     Args:
         enabled: ``False`` makes every method a no-op (scale 1).
         init_scale, growth_factor, backoff_factor, growth_interval: as ``torch.amp.GradScaler``
-            (finite; the scale stays in ``[min_scale, 2**127]``).
+            (finite; the scale and the factors are powers of two; the scale stays in
+            ``[min_scale, 2**127]``).
         min_scale: the smallest scale a backoff may reach; below it :meth:`update` raises
             :class:`ScaleUnderflow` instead of skipping forever (default 1: float16 gradients that
             overflow unscaled mean a NaN/inf loss or a diverged model).
@@ -76,16 +115,14 @@ class LossScaler:
         growth_interval: int = 2000,
         min_scale: float = 1.0,
     ) -> None:
-        if not isinstance(enabled, bool):
-            raise ArgumentTypeError(f"LossScaler: enabled must be True or False, got {enabled!r}")
-        self.enabled = enabled
-        self.growth_factor = check_range("LossScaler: growth_factor", growth_factor, 1.0, MAX_SCALE)
-        self.backoff_factor = check_range(
+        self.enabled = enabled = check_bool("LossScaler: enabled", enabled)
+        self.growth_factor = _power_of_two("LossScaler: growth_factor", growth_factor, 1.0, MAX_SCALE)
+        self.backoff_factor = _power_of_two(
             "LossScaler: backoff_factor", backoff_factor, 0.0, 1.0, low_open=True, high_open=True
         )
         self.growth_interval = check_int("LossScaler: growth_interval", growth_interval, minimum=1)
         self.min_scale = check_range("LossScaler: min_scale", min_scale, 0.0, MAX_SCALE, low_open=True)
-        init = check_range("LossScaler: init_scale", init_scale, 0.0, MAX_SCALE, low_open=True)
+        init = _power_of_two("LossScaler: init_scale", init_scale, 0.0, MAX_SCALE, low_open=True)
         if enabled and init < self.min_scale:
             raise ValueError(
                 f"LossScaler: init_scale ({init:g}) is below min_scale ({self.min_scale:g}); "
@@ -102,6 +139,11 @@ class LossScaler:
     def unscale_(self, params: Iterable[torch.Tensor], *, raise_on_overflow: bool = True) -> bool:
         """Divide every ``.grad`` by the scale in place; ``True`` if all are finite. A non-finite
         gradient raises :class:`SkipStep` (or returns ``False`` with ``raise_on_overflow=False``)."""
+        if isinstance(params, torch.Tensor):  # iterating one tensor would give its rows, without .grad
+            raise ArgumentTypeError(
+                "LossScaler.unscale_: params must be an iterable of parameters (model.parameters(), a "
+                "list), got a single tensor; pass [p]"
+            )
         if not self.enabled:  # before no_grad: nothing to pay per step when scaling is off
             return True
         with torch.no_grad():
@@ -143,7 +185,13 @@ class LossScaler:
         def closure(chunk: int | None = None) -> torch.Tensor:
             for p in params:
                 p.grad = None
-            loss = forward(chunk) if chunked else forward()
+            loss = _check_loss(forward(chunk) if chunked else forward())
+            if any(p.grad is not None for p in params):  # the step cleared them: forward ran backward
+                raise ValueError(
+                    "LossScaler.step: forward ran a backward pass itself (a parameter has a .grad after "
+                    "it), which adds an unscaled gradient to the scaled one; forward must only compute "
+                    "the loss: the scaler scales it and calls backward"
+                )
             self.scale_loss(loss).backward()
             self.unscale_(params)
             return loss.detach()
@@ -173,8 +221,7 @@ class LossScaler:
         loss or model, not from float16 overflow, and skipping would go on forever. Growth stops
         at :data:`MAX_SCALE` (``2**127``, the largest power of two below the float32 maximum) with
         one warning."""
-        if not isinstance(skipped, bool):
-            raise ArgumentTypeError(f"LossScaler.update: skipped must be True or False, got {skipped!r}")
+        skipped = check_bool("LossScaler.update: skipped", skipped)
         if not self.enabled:
             return
         if skipped:
@@ -227,16 +274,15 @@ class LossScaler:
                 f"LossScaler.load_state_dict: expected a dict with keys {sorted(keys)} (from "
                 f"LossScaler.state_dict()), got {got}"
             )
-        if not isinstance(sd["enabled"], bool):
-            raise ArgumentTypeError(
-                f"LossScaler.load_state_dict: 'enabled' must be True or False, got {sd['enabled']!r}"
-            )
-        scale = check_range("LossScaler.load_state_dict: 'scale'", sd["scale"], 0.0, MAX_SCALE, low_open=True)
-        if sd["enabled"] and scale < self.min_scale:
+        enabled = check_bool("LossScaler.load_state_dict: 'enabled'", sd["enabled"])
+        scale = _power_of_two(
+            "LossScaler.load_state_dict: 'scale'", sd["scale"], 0.0, MAX_SCALE, low_open=True
+        )
+        if enabled and scale < self.min_scale:
             raise ValueError(
                 f"LossScaler.load_state_dict: 'scale' {scale:g} is below this scaler's min_scale "
                 f"{self.min_scale:g}; construct the scaler with a smaller min_scale to load it"
             )
         good = check_int("LossScaler.load_state_dict: 'good_steps'", sd["good_steps"], minimum=0)
         skipped = check_int("LossScaler.load_state_dict: 'skipped'", sd["skipped"], minimum=0)
-        self.enabled, self.scale, self.good_steps, self.skipped = sd["enabled"], scale, good, skipped
+        self.enabled, self.scale, self.good_steps, self.skipped = enabled, scale, good, skipped

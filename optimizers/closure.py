@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from optimizers.step_protocol import check_dense
+
 __all__ = ["ChunkClosure", "accepts_chunk", "check_closure_grads"]
 
 
@@ -72,7 +74,10 @@ def accepts_chunk(closure: Callable[..., Any]) -> bool:
 
 def check_closure_grads(params: Any, who: str) -> None:
     """The closure contract: its backward pass wrote a gradient (the step set every ``.grad`` to
-    ``None`` before calling it); a closure without ``loss.backward()`` would give a silent no-op."""
+    ``None`` before calling it); a closure without ``loss.backward()`` would give a silent no-op.
+    A sparse gradient is refused too (:func:`optimizers.step_protocol.check_dense`)."""
+    params = list(params)
+    check_dense(params, f"{who}.step")
     if not any(p.grad is not None for p in params):
         raise ValueError(
             f"{who}.step: the closure computed no gradient (no parameter has a .grad after it): call "

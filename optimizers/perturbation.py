@@ -61,7 +61,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from landscape.checks import check_nonnegative
+from landscape.checks import check_int, check_nonnegative
 from landscape.deprecation import moved_names
 from optimizers.bn_state import bn_restore, bn_snapshot
 from optimizers.closure import ChunkClosure, accepts_chunk, check_closure_grads
@@ -162,8 +162,7 @@ class PerturbationOptimizer(SplitProtocol, WrapperState, torch.optim.Optimizer):
         for key in self._nonnegative_hparams:
             if key in base_kwargs or key in own:
                 check_nonnegative(key, base_kwargs[key] if key in base_kwargs else own[key])
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"m (number of sub-batches for m-sharpness) must be an int >= 1, got {m!r}")
+        m = check_int("m (number of sub-batches for m-sharpness)", m, minimum=1)
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module or None, got {type(model).__name__}")
         self._own_defaults = own

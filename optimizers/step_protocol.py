@@ -15,8 +15,10 @@ the halves the weights are *not* ``w``, so every public method is allowed in som
 * ``"open"`` -- after ``first_step()``, the weights at ``w + eps``: the backward pass, then
   ``second_step()`` (or ``step()`` without a closure); or ``cancel_step()``.
 
-``zero_grad()`` is allowed in every state. A call out of turn raises :class:`StepOrderError` (a
-``RuntimeError``) that names the call, the state and what to call instead, and changes nothing:
+``zero_grad()`` is allowed in every state; a copy (``copy.deepcopy``, pickling, ``torch.save`` of
+the optimizer) in ``"idle"`` only, and it is the whole optimizer (its base optimizer, ``m``, ...).
+A call out of turn raises :class:`StepOrderError` (a ``RuntimeError``) that names the call, the
+state and what to call instead, and changes nothing:
 weights, BatchNorm statistics, optimizer state and generator stay as they were. In particular
 ``step(closure)`` is refused while a split step is open (it would be lost: the open step's
 ``second_step`` restores the weights it saved), a state dict is never taken or loaded with the
@@ -24,6 +26,9 @@ weights at a perturbed point (the saved ``w`` is not part of it: finish or cance
 and ``second_step()`` (bSAM: ``first_step()`` after ``noise_step()``) refuses when no backward pass
 wrote a gradient since the previous half -- the step then stays open, so run the backward pass and
 call it again, or ``cancel_step()`` to restore ``w``.
+
+A sparse gradient (``nn.Embedding(sparse=True)``) is refused where a step is handed one, before
+anything changes (:func:`check_dense`): the perturbation's norms need dense gradients.
 
 Non-finite gradients: a step never spreads a NaN / inf gradient into the weights. Before the update
 it checks, with one host read, the norms of the first pass's gradient (which the perturbation has
@@ -40,7 +45,7 @@ records the run as diverged (``experiments.divergence``).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -52,6 +57,7 @@ __all__ = [
     "NonFiniteGradient",
     "SplitProtocol",
     "StepOrderError",
+    "check_dense",
     "check_finite",
     "grad_marks",
     "has_new_grads",
@@ -105,6 +111,18 @@ def has_new_grads(params: Sequence[torch.Tensor], marks: Sequence[Any]) -> bool:
         if g is not None and (mark is None or mark[0]() is not g or mark[1] != g._version):
             return True
     return False
+
+
+def check_dense(params: Iterable[torch.Tensor], who: str) -> None:
+    """Refuse a sparse gradient (``nn.Embedding(sparse=True)``, ...) before a step uses it: the
+    perturbation's norms and updates need dense ones. Nothing is changed (the caller checks first)."""
+    for p in params:
+        if p.grad is not None and p.grad.layout != torch.strided:
+            raise TypeError(
+                f"{who}: the gradient of a parameter of shape {tuple(p.shape)} is sparse ({p.grad.layout}); "
+                "the SAM family and bSAM need dense gradients: build the layer with sparse=False (e.g. "
+                "nn.Embedding(..., sparse=False)), or set p.grad = p.grad.to_dense() after backward"
+            )
 
 
 def check_finite(
@@ -164,6 +182,7 @@ class SplitProtocol:
         backward pass wrote after the call ``name``, :func:`grad_marks`); nothing is changed."""
         name, marks = since if since is not None else ("", [None] * len(params))
         if has_new_grads(params, marks):
+            check_dense(params, f"{type(self).__name__}.{call}")
             return
         after = f" written since {name}" if name else ""
         still = "" if self.step_state == IDLE else "; the step stays open (cancel_step() undoes it)"
@@ -181,6 +200,14 @@ class SplitProtocol:
         split = getattr(self, "_split", None)
         if split is not None and "marked" in split:
             split["marks"] = grad_marks(split["marked"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        """``copy.deepcopy`` and pickling: the whole optimizer (``torch.optim`` keeps only
+        ``defaults``, ``state`` and ``param_groups``, which left a copy without its base optimizer,
+        ``m``, ...), less the caches rebuilt on demand; refused while a step is open (the weights are
+        at a perturbed point, and a copy would take them for ``w``)."""
+        self._expect("copy (copy.deepcopy, pickle, torch.save)", IDLE)
+        return {**self.__dict__, "_split": None, "_flat_state": None}
 
     def state_dict(self) -> dict[str, Any]:
         self._expect("state_dict()", IDLE)

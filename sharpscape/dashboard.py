@@ -92,6 +92,18 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _address(text: str) -> str:
+    """``--address``: :func:`plain_address`; an empty one is refused (Streamlit would listen on every
+    interface, as for an unset shell variable in ``--address "$HOST"``)."""
+    address = plain_address(text)
+    if not address:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}{DASH}give an address: {DEFAULT_ADDRESS} (this machine only) or 0.0.0.0 (every "
+            "machine that can reach this one)"
+        )
+    return address
+
+
 def _megabytes(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"got {text!r}{DASH}give a whole number of megabytes >= 1")
@@ -106,7 +118,7 @@ def build_parser(prog: str = "sharpscape dashboard") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--address",
-        type=plain_address,
+        type=_address,
         default=DEFAULT_ADDRESS,
         help=f"address to listen on (default {DEFAULT_ADDRESS}: this machine only; 0.0.0.0 opens the "
         "dashboard, its uploads and training runs, to every machine that can reach this one)",

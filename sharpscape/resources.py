@@ -125,7 +125,13 @@ def wrong_config(path: str | Path, expected: str, prog: str) -> tuple[str, str] 
     """``(what, fix)`` when ``path`` is a config of another kind than the command ``prog`` expects:
     ``expected`` is ``"run"``, ``"study"`` or ``"results"`` (a command that reads what a run wrote,
     ``table`` / ``study report``); the fix names the command that runs the config (spelt as
-    ``prog``, see :func:`commands`). ``None`` when ``path`` is no config of the other kind."""
+    ``prog``, see :func:`commands`); a run's ``metrics.json`` / ``results.json`` given as a config
+    is named as such. ``None`` when ``path`` is no config of the other kind."""
+    if expected != "results" and Path(path).name in ("metrics.json", "results.json"):
+        return (
+            f"{path} is the result file of a run, not a {expected} config",
+            f"give a TOML config; the `table` command tabulates the runs in {Path(path).parent}",
+        )
     kind = config_kind(path)
     if kind is None or kind == expected:
         return None

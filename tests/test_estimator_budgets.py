@@ -197,3 +197,14 @@ def test_sharpness_traces_pass_the_estimator_rule_through():
     r = sharpness(obj, "hessian_trace", max_matvecs=3 * obj.num_params)
     assert r.extra["method_used"] == "exact" and r.stderr is None
     assert r.value == pytest.approx(float(torch.trace(H)), rel=1e-9)
+
+
+def test_a_spectral_density_grid_is_a_count_or_the_values():
+    """``grid=2.0`` (a float, as a config gives it) was taken as the grid itself: one point at 2."""
+    A = ref.matrix_with_spectrum(EIGS, seed=0)
+    for bad in (2.0, np.float64(500.0), torch.tensor(50)):
+        with pytest.raises(TypeError, match="grid must be an integer, got"):
+            ls.spectral_density(A, runs=2, lanczos_steps=4, grid=bad)
+    assert len(ls.spectral_density(A, runs=2, lanczos_steps=4, grid=np.int64(7)).grid) == 7
+    values = [0.0, 1.0, 2.0]
+    assert ls.spectral_density(A, runs=2, lanczos_steps=4, grid=values).grid.tolist() == values

@@ -1,12 +1,15 @@
 """``optimizers.LossScaler`` refuses settings and loaded states it cannot use (the scaler left
-unchanged), stops with :class:`ScaleUnderflow` instead of skipping forever when the gradients are
-non-finite at every scale, and stops growing at ``2**127`` with one warning."""
+unchanged; scales and factors that are not powers of two, whose unscaling is inexact), stops with
+:class:`ScaleUnderflow` instead of skipping forever when the gradients are non-finite at every
+scale, stops growing at ``2**127`` with one warning, and refuses a ``forward`` whose return value
+it cannot scale or that runs its own backward pass (the weights untouched)."""
 
 from __future__ import annotations
 
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -36,6 +39,10 @@ from optimizers.amp import MAX_SCALE, ScaleUnderflow
         ({"min_scale": 0.0}, "min_scale"),
         ({"min_scale": math.nan}, "min_scale"),
         ({"init_scale": 0.5}, "below min_scale"),
+        ({"init_scale": 3.0}, r"init_scale must be a power of two \(e.g. 4\), got 3.0"),
+        ({"growth_factor": 3.0}, "growth_factor must be a power of two"),
+        ({"backoff_factor": 0.3}, r"backoff_factor must be a power of two \(e.g. 0.25\)"),
+        ({"enabled": 1}, "enabled must be True or False, got int"),
     ],
 )
 def test_settings_it_cannot_use_are_refused(kwargs, match):
@@ -57,6 +64,7 @@ GOOD = {"enabled": True, "scale": 1024.0, "good_steps": 3, "skipped": 1}
         ({"skipped": 1.5}, "'skipped'"),
         ({"enabled": 1}, "'enabled'"),
         ({"extra": 0}, "expected a dict with keys"),
+        ({"scale": 1000.0}, "'scale' must be a power of two"),
     ],
 )
 def test_a_state_dict_it_cannot_use_is_refused_and_nothing_changes(change, match):
@@ -114,3 +122,58 @@ def test_a_disabled_scaler_stays_at_one_and_still_validates():
     assert scaler.scale == 1.0 and scaler.skipped == 0
     with pytest.raises(ValueError, match="backoff_factor"):
         LossScaler(enabled=False, backoff_factor=2.0)
+
+
+# ---- fresh cases (probe 2) ------------------------------------------------------------------------
+def _sam_setup():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
+    opt = SAM(model.parameters(), torch.optim.SGD, rho=0.05, lr=0.1)
+    return model, opt, torch.randn(8, 4), torch.randint(0, 3, (8,))
+
+
+def _no_grad_loss(model, x, y):
+    with torch.no_grad():
+        return nn.functional.cross_entropy(model(x), y)
+
+
+def _own_backward(model, x, y):
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward(retain_graph=True)  # an unscaled gradient the scaled one would be added to
+    return loss
+
+
+@pytest.mark.parametrize(
+    "forward, exc, match",
+    [
+        (lambda m, x, y: nn.functional.cross_entropy(m(x), y, reduction="none"), ValueError,
+         r"forward returned a torch.float32 tensor of shape \[8\].*\.mean\(\)"),
+        (lambda m, x, y: float(nn.functional.cross_entropy(m(x), y).detach()), TypeError,
+         r"forward returned a float, not a tensor.*not loss.item\(\)"),
+        (_no_grad_loss, ValueError, r"does not require grad \(computed under torch.no_grad\(\)"),
+        (_own_backward, ValueError, "forward ran a backward pass itself"),
+    ],
+    ids=["per-example", "float", "no-grad", "own-backward"],
+)  # fmt: skip
+def test_a_forward_the_scaler_cannot_use_is_named_with_the_weights_untouched(forward, exc, match):
+    model, opt, x, y = _sam_setup()
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler = LossScaler(init_scale=64.0)
+    with pytest.raises(exc, match=match):
+        scaler.step(opt, lambda: forward(model, x, y))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert opt.step_state == "idle" and scaler.state_dict() == LossScaler(init_scale=64.0).state_dict()
+
+
+def test_unscale_refuses_a_single_tensor_and_takes_numpy_bools():
+    p = nn.Parameter(torch.ones(3))
+    p.grad = torch.full((3,), 8.0)
+    scaler = LossScaler(init_scale=2.0, enabled=np.bool_(True))
+    with pytest.raises(
+        TypeError, match=r"params must be an iterable of parameters .* got a single tensor; pass \[p\]"
+    ):
+        scaler.unscale_(p)  # iterating the tensor would give its rows, which have no .grad: no-op
+    assert torch.equal(p.grad, torch.full((3,), 8.0))
+    assert scaler.unscale_([p]) and torch.equal(p.grad, torch.full((3,), 4.0))
+    scaler.update(np.bool_(True))
+    assert scaler.scale == 1.0 and scaler.skipped == 1

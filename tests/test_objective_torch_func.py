@@ -390,3 +390,46 @@ def test_batchnorm_train_mode_vmap_names_the_fix_and_second_derivatives_match_au
         assert _max_abs(jacrev(obj.gradient)(w), H_ref) <= TOL
         assert _max_abs(jacfwd(grad(obj.loss))(w), H_ref) <= TOL
         assert _max_abs(ls.hessian(obj).to_dense(), H_ref) <= TOL
+
+
+# ---- fresh cases (probe 2): the caller's RNG, one-shot loaders, single examples -----------------
+def test_passes_over_a_loader_leave_the_callers_rng_as_it_was():
+    """A DataLoader draws a base seed from the global CPU generator every time it is iterated: the
+    construction, every eager evaluation, every transform and every estimator advanced the caller's
+    RNG. The numbers are the hand-written references'."""
+    x, y = _data()
+    net = _mlp()
+    hand, w, g_ref, H_ref = _references(net)
+    state = torch.get_rng_state()
+    obj = Objective(net, CE, DataLoader(TensorDataset(x, y), batch_size=4, shuffle=False))
+    assert abs(float(obj.loss()) - float(hand(w))) <= 1e-13
+    assert _max_abs(grad(obj.loss)(w), g_ref) <= TOL
+    assert _max_abs(hessian(obj.loss)(w), H_ref) <= TOL
+    assert _max_abs(vmap(obj.loss)(_points(w)), torch.stack([hand(p) for p in _points(w)])) <= TOL
+    exact = ls.trace(obj, method="exact")
+    assert abs(exact.value - float(torch.trace(H_ref))) <= 1e-10
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_one_shot_loader_and_single_examples_are_named():
+    x, y = _data()
+
+    class OneShot(torch.utils.data.IterableDataset):
+        def __init__(self):
+            self.used = False
+
+        def __iter__(self):
+            if self.used:
+                return iter([])
+            self.used = True
+            return iter(zip(x, y))
+
+    # it was "data is empty": a check iterated the loader once before the scan's pass
+    with pytest.raises(
+        TypeError, match=r"data is one-shot: a second pass over the data yields no batch \(the first gave 4\)"
+    ):
+        Objective(_mlp(), CE, DataLoader(OneShot(), batch_size=4))
+    with pytest.raises(
+        ValueError, match=r"got a 0-d tensor \(a single example\); give batches of examples.*batch_size=None"
+    ):
+        Objective(_mlp(), CE, DataLoader(TensorDataset(x, y), batch_size=None))

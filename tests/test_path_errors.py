@@ -536,3 +536,162 @@ def test_a_foreign_output_lock_is_named_and_force_takes_it_over(tmp_path, capsys
     assert landscape_main(_surface(out, "--force")) == 0
     assert load_surface(out).complete and not lock.exists()
     capsys.readouterr()
+
+
+# ------------------------------------------------------- fresh cases (probe 2): outputs that replace inputs
+def _state_file(tmp_path: Path) -> Path:
+    state = tmp_path / "w.pt"
+    torch.save(Flaky().state_dict(), state)
+    return state
+
+
+def test_an_output_never_replaces_an_input_or_another_output(tmp_path, runs, capsys):
+    """Each case used to finish with exit 0 after replacing a file: the weights by the results,
+    a run's metrics.json by the table, the surface by its HTML export, the JSON by the CSV."""
+    state = _state_file(tmp_path)
+    run = runs / "sgd" / "seed0"
+    (run / "config.toml").write_text('name = "x"\n')
+    study = tmp_path / "study"
+    (study / "models").mkdir(parents=True)
+    (study / "study_config.json").write_text("{}\n")
+    sharp = ["sharpness", "--model", FLAKY, "--limit", "40", "--measures", "gradient_norm"]
+    s_npz, r_json, png = tmp_path / "s.npz", tmp_path / "r.json", tmp_path / "t.png"
+    cases = [
+        (landscape_main, [*sharp, "--state-dict", str(state), "--out", str(state)],
+         f"--out {state} is the --state-dict {state}, which this command reads"),
+        (landscape_main, _surface(state, "--state-dict", str(state)),
+         f"--out {state} is the --state-dict {state}, which this command reads"),
+        (landscape_main, _surface(s_npz, "--html", str(s_npz)),
+         f"--out and --html name the same file {s_npz} — give each output its own file"),
+        (landscape_main, [*sharp, "--out", str(r_json), "--csv", str(r_json)],
+         f"--out and --csv name the same file {r_json}"),
+        (experiments_cli.main, ["table", str(runs), "--out", str(run / "metrics.json")],
+         f"--out {run / 'metrics.json'} lies inside the run directory {run}, which this command reads"),
+        (sharpscape_main, ["table", str(runs), "--out", str(run / "config.toml")],
+         f"--out {run / 'config.toml'} lies inside the run directory {run}"),
+        (experiments_cli.main, ["table", str(runs), "--out", str(png), "--plot", str(png)],
+         "--out and --plot name the same file"),
+        (study_cli.main, ["report", str(study), "--json", str(study / "study_config.json")],
+         f"--json {study / 'study_config.json'} is the study config {study / 'study_config.json'}"),
+        (study_cli.main, ["report", str(study), "--csv", str(study / "models" / "m1.json")],
+         f"--csv {study / 'models' / 'm1.json'} lies inside the models directory {study / 'models'}"),
+    ]  # fmt: skip
+    files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    before = snapshot(*files)
+    for main, argv, start in cases:
+        code, line = fails(main, argv, capsys)
+        assert code == 2 and line.startswith(f"error: {start}"), (argv, line)
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == files
+    assert snapshot(*files) == before  # every file byte for byte, nothing new
+    assert landscape_main([*sharp, "--state-dict", str(state), "--out", str(r_json)]) == 0  # distinct: fine
+    capsys.readouterr()
+
+
+def test_a_figure_is_written_in_the_format_its_name_says(tmp_path, runs, capsys):
+    """`table --plot fig.pdf` used to write a PNG into fig.pdf; a name matplotlib cannot write is refused."""
+    assert experiments_cli.main(["table", str(runs), "--plot", str(tmp_path / "fig.pdf")]) == 0
+    assert (tmp_path / "fig.pdf").read_bytes().startswith(b"%PDF")
+    assert experiments_cli.main(["table", str(runs), "--plot", str(tmp_path / "fig.svg")]) == 0
+    assert b"<svg" in (tmp_path / "fig.svg").read_bytes()[:400]
+    for main, argv, option in (
+        (experiments_cli.main, ["table", str(runs), "--plot", str(tmp_path / "fig.txt")], "--plot"),
+        (study_cli.main, ["report", str(tmp_path), "--figure", str(tmp_path / "fig")], "--figure"),
+    ):
+        code, line = fails(main, argv, capsys)
+        assert code == 2 and f"{option} {tmp_path / 'fig'}" in line and "matplotlib cannot write" in line
+        assert line.endswith(".svg, .svgz, .tif, .tiff, .webp") and ".png" in line
+    assert not (tmp_path / "fig.txt").exists() and not (tmp_path / "fig").exists()
+
+
+def test_empty_and_dash_paths_are_refused(tmp_path, runs, capsys, monkeypatch):
+    """'' was the current directory (figures written into it, runs under it) and ' ' / '-' file names."""
+    monkeypatch.chdir(tmp_path)
+    empty, dash = "is empty — give a path", "'-' (standard input / output) is not supported here"
+    cases = [
+        (sharpscape_main, ["figures", "--out", ""], f"error: --out {empty}"),
+        (study_cli.main, ["run", str(STUDY_CONFIG), "--out", "", "--dry-run"], f"error: --out {empty}"),
+        (landscape_main, _surface(""), f"error: --out {empty}"),
+        (landscape_main, ["sharpness", "--model", FLAKY, "--csv", " "], "error: --csv is empty (' ') — give"),
+        (experiments_cli.main, ["table", ""], f"error: RUN_DIR {empty}"),
+        (experiments_cli.main, ["table", str(runs), "--out", "-"],
+         f"error: --out -: {dash} — give a file name, or leave out the option"),
+        (experiments_cli.main, ["run", "-"], f"error: config -: {dash} — give a file name"),
+        (experiments_cli.main, ["run", str(RUN_CONFIG), "out_dir=", "--dry-run"],
+         'error: config key out_dir is empty; give the directory the runs go to (default "runs")'),
+    ]  # fmt: skip
+    for main, argv, start in cases:
+        code, line = fails(main, argv, capsys)
+        assert code == 2 and line.startswith(start), (argv, line)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing written here
+
+
+def test_a_tilde_in_out_dir_is_the_home_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert experiments_cli.main(["run", str(RUN_CONFIG), "out_dir=~/runs", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"# run: {tmp_path / 'home' / 'runs' / 'digits_sam_vs_sgd'}" in out and "# run: ~" not in out
+
+
+def test_unreadable_run_files_and_results_given_as_configs_name_the_file(tmp_path, runs, capsys):
+    run = runs / "sgd" / "seed0"
+    (run / "config.toml").write_bytes(b"\x00\xff not toml")
+    code, line = fails(experiments_cli.main, ["table", str(runs)], capsys)
+    assert code == 2 and line.startswith(f"error: {run / 'config.toml'}: not a readable config of a run")
+    assert line.endswith(
+        "— run that run again (delete its directory first), or leave it out of the run directories given"
+    )
+    (run / "config.toml").unlink()
+    (run / "metrics.json").write_text('{"method": "sgd", "se')
+    code, line = fails(experiments_cli.main, ["table", str(runs)], capsys)
+    assert (
+        code == 2
+        and "metrics.json: not a valid metrics file of a run" in line
+        and "run that run again" in line
+    )
+    code, line = fails(
+        experiments_cli.main, ["table", str(tmp_path / "runs" / "sgd" / "seed0" / "x")], capsys
+    )
+    assert code == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, line = fails(sharpscape_main, ["table", str(empty)], capsys)
+    assert code == 2 and line == (
+        f"error: no runs (metrics.json files) under {empty} — give the out_dir of `run` (or run directories "
+        "under it); a run writes its metrics.json when it finishes"
+    )
+    code, line = fails(sharpscape_main, ["run", str(run / "metrics.json")], capsys)
+    assert code == 2 and line == (
+        f"error: {run / 'metrics.json'} is the result file of a run, not a run config — give a TOML config; "
+        f"the `table` command tabulates the runs in {run}"
+    )
+    code, line = fails(
+        landscape_main, ["sharpness", "--model", FLAKY, "--state-dict", str(RUN_CONFIG)], capsys
+    )
+    assert code == 1 and line.startswith(
+        f"error: --state-dict {RUN_CONFIG} is not a PyTorch file (it starts with b'"
+    )
+    assert "Weights only load failed" not in line and "weights_only" not in line
+
+
+def test_a_bad_set_value_names_the_set(capsys):
+    sharp = ["sharpness", "--model", FLAKY, "--limit", "40", "--measures", "worst_case"]
+    for value, what in (("abc", "rho must be a real number"), ("-1", "rho must be a finite number > 0")):
+        code, line = fails(landscape_main, [*sharp, "--set", f"worst_case.rho={value}"], capsys)
+        shown = '"abc"' if value == "abc" else value
+        assert code == 2 and line.startswith(f"error: --set worst_case.rho={shown}: {what}"), line
+        assert line.endswith("— give worst_case.rho a value it accepts")
+    code, line = fails(landscape_main, [*sharp, "--set", "worst_case.nope=1"], capsys)
+    assert code == 2 and line.startswith(
+        "error: --set: worst_case: unknown option(s) ['nope']; accepted: ['rho',"
+    )
+
+
+@pytest.mark.parametrize("address", ["", " ", "[]"])
+def test_an_empty_dashboard_address_is_refused(capsys, address):
+    with pytest.raises(SystemExit) as info:
+        dashboard.main(["--address", address, "--dry-run"])
+    line = one_error_line(capsys.readouterr().err)
+    assert info.value.code == 2 and line.startswith(
+        f"error: argument --address: got {address!r} — give an address"
+    )

@@ -4,15 +4,18 @@ and changes nothing (weights, BatchNorm statistics, optimizer state, generator, 
 refused ``second_step`` without a backward pass leaves the step open and finishing it gives the
 closure step bit for bit; a NaN / inf gradient, in either pass and in either API, raises
 :class:`NonFiniteGradient` naming the pass, with the weights and state bit-identical to before the
-step; and the runner records such a step as a diverged run."""
+step; and the runner records such a step as a diverged run. A sparse gradient is named before
+anything changes, and a copy of the optimizer is whole between steps and refused within one."""
 
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -471,3 +474,73 @@ def test_loss_scaler_step_names_a_wrong_argument():
         LossScaler().step(None, lambda: LOSS(model(x), y))
     with pytest.raises(TypeError, match="forward must be a function"):
         LossScaler().step(opt, 3)
+
+
+# ---- fresh cases (probe 2): sparse gradients, copies of the optimizer, numpy m ------------------
+def _sparse_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Flatten(), nn.Linear(8, 3)).double()
+
+
+@pytest.mark.parametrize("name", ["sam", "bsam"])
+@pytest.mark.parametrize("how", ["closure", "split"])
+def test_a_sparse_gradient_is_named_before_anything_changes(name, how):
+    model = _sparse_model()
+    opt = METHODS[name](model.parameters(), model)
+    x, y = torch.randint(0, 10, (6, 2)), torch.randint(0, 3, (6,))
+    if name == "bsam":
+        opt.precision()  # bSAM's state (s = s_init, momentum 0) is created on first use
+    before = _snapshot(opt, model)
+    with pytest.raises(TypeError) as info:
+        if how == "closure":
+            opt.step(_closure(opt, model, x, y))
+        else:
+            if name == "bsam":
+                opt.noise_step()
+            _backward(model, x, y)
+            opt.first_step()
+    msg = str(info.value)
+    assert "parameter of shape (10, 4) is sparse" in msg and "sparse=False" in msg and "to_dense()" in msg
+    if how == "split" and name == "bsam":
+        opt.cancel_step()  # noise_step() had moved the weights; the refused first_step() did not
+    after = _snapshot(opt, model)
+    assert opt.step_state == IDLE
+    for key in ("weights", "state", "groups"):
+        assert _equal(before[key], after[key]), key
+
+
+@pytest.mark.parametrize("method", MAIN + ["random_sam"])
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+def test_a_copy_of_the_optimizer_is_whole_and_refused_mid_step(method, how):
+    """A copy taken between steps continues bit for bit as the original (it used to lose its base
+    optimizer and m); one taken while a step is open is refused (the weights are at w + eps)."""
+    model, opt, x, y = _setup(method)
+    if how == "deepcopy":
+        model2, opt2 = copy.deepcopy((model, opt))
+    else:
+        buf = io.BytesIO()
+        torch.save((model, opt), buf)
+        buf.seek(0)
+        model2, opt2 = torch.load(buf, weights_only=False)
+    for _ in range(2):
+        opt.step(_closure(opt, model, x, y))
+        opt2.step(_closure(opt2, model2, x, y))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), model2.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.buffers(), model2.buffers()))
+    _begin(opt, model, x, y)
+    _refused(
+        opt,
+        model,
+        lambda: copy.deepcopy(opt),
+        ["copy (copy.deepcopy, pickle, torch.save) refused", "a step is open"],
+    )
+
+
+def test_numpy_integers_are_integers_for_m():
+    model = _model()
+    assert SAM(model.parameters(), torch.optim.SGD, lr=0.1, m=np.int64(2)).m == 2
+    assert BayesianSAM(model.parameters(), lr=0.1, num_data=8, m=np.int64(2)).m == 2
+    with pytest.raises(
+        ValueError, match=r"m \(number of sub-batches for m-sharpness\) must be an integer, got float"
+    ):
+        SAM(model.parameters(), torch.optim.SGD, lr=0.1, m=2.0)

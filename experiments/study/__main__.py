@@ -21,6 +21,8 @@ from landscape.cli_common import (
     Terminated,
     UsageError,
     add_debug_option,
+    check_figure,
+    check_outputs,
     check_path,
     note,
     run_cli,
@@ -91,7 +93,7 @@ def _parser(prog: str = "python -m experiments.study") -> Parser:
     add_debug_option(run)
     rep = sub.add_parser("report", help="correlation tables and figure of a finished (or partial) study")
     rep.add_argument("dir", help="the --out directory of a run")
-    rep.add_argument("--figure", help="also write the figure (PNG) here")
+    rep.add_argument("--figure", help="also write the figure here (.png, .pdf, .svg, ...)")
     rep.add_argument("--json", help="also write the correlation JSON here")
     rep.add_argument("--csv", help="also write the per-model table (population.csv) here")
     rep.add_argument("--markdown", help="also write the correlation tables (correlation.md) here")
@@ -148,13 +150,20 @@ def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
         check_path(
             args.dir, "DIR", "directory", read=True, missing_fix=f"give the --out directory of `{prog} run`"
         )
-        for option in ("figure", "json", "csv", "markdown"):
+        check_figure(args.figure, "--figure")
+        for option in ("json", "csv", "markdown"):
             check_path(getattr(args, option), f"--{option}")
         if not (Path(args.dir) / "study_config.json").is_file():
             raise UsageError(
                 f"DIR {args.dir} holds no study_config.json (not the --out directory of a study)",
                 f"give the --out directory of `{prog} run CONFIG --out DIR`",
             )
+        study = Path(args.dir)
+        check_outputs(
+            {f"--{option}": getattr(args, option) for option in ("figure", "json", "csv", "markdown")},
+            [("study config", study / "study_config.json")],
+            [("models directory", study / "models"), ("runs directory", study / "runs")],
+        )  # fmt: skip
         doc = write_report(
             args.dir,
             figure=args.figure,

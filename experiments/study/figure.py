@@ -55,9 +55,9 @@ def plot_study(
     path: str | Path,
     target: str = "gap_error",
 ) -> Path:
-    """Write the figure (PNG, atomically) of ``rows`` (every member; those without a finite value of
-    a measure are not drawn in its panel) with the combined ``entries`` of ``target`` in the titles;
-    returns ``path``."""
+    """Write the figure (atomically, in the format the name ends in; PNG without one) of ``rows``
+    (every member; those without a finite value of a measure are not drawn in its panel) with the
+    combined ``entries`` of ``target`` in the titles; returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,6 +128,6 @@ def plot_study(
         "correlations (Kendall tau-b, pooled 95% bootstrap interval)"
     )
     fig.tight_layout(rect=(0, 0, 1, 0.975))
-    atomic_savefig(path, fig, dpi=80, format="png")
+    atomic_savefig(path, fig, dpi=80)
     plt.close(fig)
     return Path(path)

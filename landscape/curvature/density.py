@@ -153,7 +153,8 @@ def spectral_density(
             breakdown.
         reorth: full reorthogonalisation (default) or the plain three-term recurrence.
         sigma: Gaussian broadening width; default 1 % of the range of the nodes.
-        grid: number of grid points (default 1000) spanning the nodes +- 5 sigma, or the grid itself.
+        grid: number of grid points (an integer, default 1000) spanning the nodes +- 5 sigma, or
+            the grid itself (a 1-D tensor or sequence of values).
         seed: int or ``torch.Generator``.
         probes: optional ``[p, runs]`` start vectors (normalised internally) instead of random ones.
         progress: accepted for API symmetry (the lock-step runs show no per-step bar).
@@ -183,7 +184,7 @@ def spectral_density(
         check_positive("sigma", sigma)
     check_seed(seed)
     g_given = None
-    if grid is None or isinstance(grid, (int, np.integer)):
+    if grid is None or np.ndim(grid) == 0:  # a count (a float, a 0-d tensor: refused, not a grid)
         npts = 1000 if grid is None else check_int("grid", grid, minimum=2)
     else:
         g_given = torch.as_tensor(grid, dtype=torch.float64).flatten()

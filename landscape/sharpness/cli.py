@@ -15,6 +15,7 @@ from landscape.cli_common import (
     UsageError,
     add_debug_option,
     check_device,
+    check_outputs,
     check_path,
     load_data,
     positive_int,
@@ -75,6 +76,9 @@ def _run_cli(args: argparse.Namespace) -> int:
     check_device(args.device)
     check_path(args.out, "--out")
     check_path(args.csv, "--csv")
+    check_outputs(
+        {"--out": args.out, "--csv": args.csv}, [("--state-dict", args.state_dict)] if args.state_dict else []
+    )
     model, model_args = load_model(args.model, model_args, args.state_dict)
     x, y = load_data(args.data, args.split, args.limit, default_split="train")
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
@@ -82,7 +86,21 @@ def _run_cli(args: argparse.Namespace) -> int:
         (x[i : i + args.batch_size], y[i : i + args.batch_size]) for i in range(0, len(y), args.batch_size)
     ]
     obj = Objective(model, _LOSSES[args.loss](), data, mode=args.mode, dtype=dtype, device=args.device)
-    report = sharpness_report(obj, [(m, options.get(m, {})) for m in measures], progress=args.progress)
+    try:
+        report = sharpness_report(obj, [(m, options.get(m, {})) for m in measures], progress=args.progress)
+    except (TypeError, ValueError) as exc:  # an option or value of --set the measure refuses
+        text = str(exc)
+        if any(text.startswith(f"{m}: unknown option") for m in options):
+            raise UsageError(f"--set: {text}", "set only the options listed") from None
+        given = [
+            (m, k, v) for m, opts in options.items() for k, v in opts.items() if text.startswith(f"{k} ")
+        ]
+        if not given:
+            raise
+        m, k, v = given[0]
+        raise UsageError(
+            f"--set {m}.{k}={json.dumps(v)}: {text}", f"give {m}.{k} a value it accepts"
+        ) from None
     report.config["cli"] = {k: v for k, v in vars(args).items() if k != "func"}
     report.config["model_args"] = model_args
     print(report)

@@ -31,6 +31,8 @@ from landscape.cli_common import (
     UsageError,
     add_debug_option,
     check_device,
+    check_figure,
+    check_outputs,
     check_path,
     finite_float,
     load_data,
@@ -57,19 +59,11 @@ def _check_args(args: argparse.Namespace) -> None:
                 f"{option} {lo_hi[0]:g} {lo_hi[1]:g} is empty or reversed",
                 f"write {option} LO HI with LO < HI",
             )
-    if args.plot:
-        from matplotlib.backend_bases import FigureCanvasBase
-
-        kinds = FigureCanvasBase.get_supported_filetypes()
-        suffix = Path(args.plot).suffix.lstrip(".").lower()
-        if suffix not in kinds:
-            raise UsageError(
-                f"--plot {args.plot}: matplotlib cannot write "
-                + (f".{suffix} files" if suffix else "a file without an extension"),
-                f"end the name in one of .{', .'.join(sorted(kinds))}",
-            )
-    for option in ("out", "html", "vtk", "plot"):
+    check_figure(args.plot, "--plot")
+    for option in ("out", "html", "vtk"):
         check_path(getattr(args, option), f"--{option}")
+    outputs = {f"--{option}": getattr(args, option) for option in ("out", "html", "vtk", "plot")}
+    check_outputs(outputs, [("--state-dict", args.state_dict)] if args.state_dict else [])
     check_device(args.device)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from landscape.checks import check_range
+from landscape.checks import check_int, check_range
 from optimizers.bayes.bsam_split import BSAMSplitStep, FlatState
 from optimizers.bn_state import bn_restore, bn_snapshot
 from optimizers.closure import accepts_chunk, check_closure_grads
@@ -144,8 +144,7 @@ class BayesianSAM(BSAMSplitStep, DiagonalGaussianPosterior, GeneratorStateMixin,
         check_nonneg("damping", damping)
         check_positive("s_init", s_init)
         _check_betas("betas", betas)
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"m (number of sub-batches) must be an int >= 1, got {m!r}")
+        m = check_int("m (number of sub-batches)", m, minimum=1)
         if s_update_order not in ("paper", "official"):
             raise ValueError(f"s_update_order must be 'paper' or 'official', got {s_update_order!r}")
         if model is not None and not isinstance(model, nn.Module):
