@@ -180,7 +180,8 @@ def _run(args: Any) -> int:
             if ctx.is_main:
                 overall.begin(str(r.run_dir))
             metrics = run_one(r, device=device, ctx=ctx, progress=progress)
-            overall.end()
+            if ctx.is_main:  # the other ranks of a data-parallel run note nothing
+                overall.end()
             if metrics.get("status") == "diverged":
                 diverged.append((r, metrics.get("divergence", {})))
                 continue

@@ -326,6 +326,7 @@ class Trainer:
                 loss = None
             except NonFiniteGradient as exc:
                 self._stop_at_nonfinite_gradient(exc, losses, n_idx, epoch)
+                loss = None  # deferred (data parallel, local perturbation): this rank skipped the step
             self.scheduler.step()
             self.counters["step"] += 1
             if loss is not None:
@@ -373,6 +374,13 @@ class Trainer:
         found = self.pending or losses.read(self.monitor, epoch + 1)
         if found is None:
             found = self.monitor.record(dv.NONFINITE_GRADIENT, step=step, epoch=epoch + 1, detail=str(exc))
+        if self.defer_divergence:
+            # data parallel with per-rank perturbations: the first pass's gradient is this rank's
+            # own, so another rank may have taken the step; stopping here would leave it waiting at
+            # the next all-reduce. The rank keeps its weights, trains the rest of the epoch and the
+            # ranks agree at its end (experiments.divergence.agree), as for a non-finite loss
+            self.pending = found
+            return
         raise dv.Diverged(found, self.run_dir) from exc
 
     def _test_metrics(self) -> dict[str, float]:
