@@ -29,6 +29,14 @@ def _std(values: list[float]) -> float:
     return statistics.stdev(values)  # ddof 1, as the tables of docs/make_miniatures.py
 
 
+def _run_paths(method: str, a: str, b: str, x: str, y: str) -> dict[str, str]:
+    """The JSON paths of a toy-figure run's neighbourhood semi-axes at the start (``a``, ``b``) and
+    end point (``x``, ``y``), under the names the quote uses."""
+    run = f"runs.{method}"
+    axes = f"{run}.neighbourhood_semi_axes_at_start"
+    return {a: f"{axes}.0", b: f"{axes}.1", x: f"{run}.end.0", y: f"{run}.end.1"}
+
+
 def _eos_over_seeds(d: dict, key: str, stat) -> float:
     """``stat`` of ``key`` over every (learning rate, seed) run of the edge-of-stability figure."""
     return stat([v for entry in d["across_seeds"]["per_lr"] for v in entry[key]["values"]])
@@ -199,14 +207,7 @@ CLAIMS = [
     Claim(
         id="toy_methods.fsam_fig2",
         source="docs/figures/fsam_fig2.json",
-        values={
-            "a": "runs.FSAM.neighbourhood_semi_axes_at_start.0",
-            "b": "runs.FSAM.neighbourhood_semi_axes_at_start.1",
-            "sx": "runs.SAM.end.0",
-            "sy": "runs.SAM.end.1",
-            "fx": "runs.FSAM.end.0",
-            "fy": "runs.FSAM.end.1",
-        },
+        values={**_run_paths("FSAM", "a", "b", "fx", "fy"), "sx": "runs.SAM.end.0", "sy": "runs.SAM.end.1"},
         quote="FSAM's ellipse with semi-axes {a:.1f} and {b:.2f}), the first worst-case probe "
         "(cyan), the first update magnified 5 times (red) and the path (white). SAM ends "
         "in the sharp minimum's basin, at $({sx:.2f}, {sy:.2f})$; FSAM probes along both "
@@ -220,14 +221,7 @@ CLAIMS = [
     Claim(
         id="toy_methods.fsam_fig2_small_gamma",
         source="docs/figures/fsam_fig2_small_gamma.json",
-        values={
-            "a": "runs.FSAM.neighbourhood_semi_axes_at_start.0",
-            "b": "runs.FSAM.neighbourhood_semi_axes_at_start.1",
-            "sx": "runs.SAM.end.0",
-            "sy": "runs.SAM.end.1",
-            "fx": "runs.FSAM.end.0",
-            "fy": "runs.FSAM.end.1",
-        },
+        values={**_run_paths("FSAM", "a", "b", "fx", "fy"), "sx": "runs.SAM.end.0", "sy": "runs.SAM.end.1"},
         quote="FSAM's ellipse has semi-axes {a:.2f} and {b:.2f}. SAM converges to the nearby sharp minimum "
         "(ending at $({sx:.2f}, {sy:.2f})$); FSAM ends in the flat minimum's basin, but with a constant "
         "step it stalls at a stationary point of its own objective just on the flat side of the ridge, "
@@ -241,16 +235,7 @@ CLAIMS = [
     Claim(
         id="toy_methods.fsam_fig3",
         source="docs/figures/fsam_fig3.json",
-        values={
-            "aa": "runs.ASAM.neighbourhood_semi_axes_at_start.0",
-            "ab": "runs.ASAM.neighbourhood_semi_axes_at_start.1",
-            "ax": "runs.ASAM.end.0",
-            "ay": "runs.ASAM.end.1",
-            "fa": "runs.FSAM.neighbourhood_semi_axes_at_start.0",
-            "fb": "runs.FSAM.neighbourhood_semi_axes_at_start.1",
-            "fx": "runs.FSAM.end.0",
-            "fy": "runs.FSAM.end.1",
-        },
+        values={**_run_paths("ASAM", "aa", "ab", "ax", "ay"), **_run_paths("FSAM", "fa", "fb", "fx", "fy")},
         quote="ASAM's neighbourhood has semi-axes ${aa:.3f}$ (along $\\mu$) and ${ab:.2f}$ "
         "(along $\\sigma$): it cannot probe along $\\mu$, and it ends in the sharp basin, "
         "at $({ax:.2f}, {ay:.2f})$. FSAM's ellipse (semi-axes {fa:.1f} and {fb:.2f}) "
