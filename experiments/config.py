@@ -40,6 +40,7 @@ __all__ = [
     "apply_overrides",
     "load_config",
     "parse_override",
+    "read_raw",
     "resolve_config",
     "set_key",
 ]
@@ -191,6 +192,23 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
         ConfigError: invalid TOML, an unknown key, a value of the wrong type or out of range.
     """
     path = Path(path)
+    raw = read_raw(path)
+    if not raw.get("name"):
+        raw["name"] = path.stem
+    raw = apply_overrides(raw, overrides)
+    return resolve_config(raw)
+
+
+def read_raw(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The TOML table of ``path`` with its ``extends`` chain applied, not yet resolved.
+
+    ``extends = "other.toml"`` (relative to the file's folder) starts from that config's table: the
+    file's own tables are merged into it key by key (``[train] epochs = 10`` changes only the
+    epochs), every other value, lists included (``methods``, ``seeds``), replaces the parent's;
+    ``name`` and ``paper`` are never inherited (a derived config is another experiment with its own
+    paper numbers). Chains may be longer; a cycle is an error.
+    """
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"config file {path} does not exist"
@@ -203,10 +221,33 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
         raise ConfigError(f"{path} is not UTF-8 text; a config is a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    if not raw.get("name"):
-        raw["name"] = path.stem
-    raw = apply_overrides(raw, overrides)
-    return resolve_config(raw)
+    parent_name = raw.pop("extends", None)
+    if parent_name is None:
+        return raw
+    if not isinstance(parent_name, str) or not parent_name.strip():
+        raise ConfigError(f'{path}: extends must name a config file (e.g. extends = "base.toml")')
+    parent = (path.parent / Path(parent_name).expanduser()).resolve()
+    chain = (*_chain, path.resolve())
+    if parent in chain:
+        cycle = " -> ".join(p.name for p in (*chain, parent))
+        raise ConfigError(f"{path}: extends {parent_name!r} closes a cycle ({cycle})")
+    if not parent.is_file():
+        raise ConfigError(f"{path}: extends {parent_name!r}, but {parent} is not a file")
+    base = read_raw(parent, chain)
+    for key in ("name", "paper"):
+        base.pop(key, None)
+    return _overlay(base, raw)
+
+
+def _overlay(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``top`` merged in: tables key by key, anything else replaced."""
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _overlay(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -82,7 +82,7 @@ def _description(path: Path, width: int = 80) -> str:
 #: Kept here, without importing those modules (they import torch; the dashboard and ``--help``
 #: must not); tests/test_path_errors.py checks them against the two sets of defaults.
 RUN_KEYS = frozenset(
-    ("budget", "distributed", "evaluation", "methods", "model", "out_dir", "paper", "precision",
+    ("budget", "distributed", "evaluation", "extends", "methods", "model", "out_dir", "paper", "precision",
      "progress", "seeds", "sweep", "train")
 )  # fmt: skip
 STUDY_KEYS = frozenset(
