@@ -25,7 +25,6 @@ from landscape.data.autoaugment import (
 # ------------------------------------------------------------------------ the published tables
 # Cubuk et al. 2019, appendix: sub-policies "(operation, probability, magnitude)"; the magnitudes
 # of AutoContrast / Equalize / Invert play no part (written None), as in torchvision and kornia.
-A, E, I = "AutoContrast", "Equalize", "Invert"  # noqa: E741
 PAPER_CIFAR10 = """
 Invert 0.1 - Contrast 0.2 6 | Rotate 0.7 2 TranslateX 0.3 9 | Sharpness 0.8 1 Sharpness 0.9 3 |
 ShearY 0.5 8 TranslateY 0.7 9 | AutoContrast 0.5 - Equalize 0.9 - | ShearY 0.2 7 Posterize 0.3 7 |
@@ -317,3 +316,14 @@ optimizer = "sgd"
     for out in seen:
         zero_pixels = (out == 0).all(dim=1).flatten(1).sum(1)
         assert bool((zero_pixels >= 64).all()) and bool((zero_pixels <= 256 + 32).all())
+
+
+@pytest.mark.parametrize("policy", ["cifar10", "imagenet", "svhn"])
+def test_whole_batch_path_equals_subset_path(policy):
+    """The accelerator's path (every operation on the whole batch, then torch.where) gives the
+    same images as the CPU's (only the images that drew an operation)."""
+    x = torch.rand(12, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    subset = autoaugment(x, policy, generator=torch.Generator().manual_seed(3), subsets=True)
+    whole = autoaugment(x, policy, generator=torch.Generator().manual_seed(3), subsets=False)
+    torch.testing.assert_close(whole, subset, atol=0, rtol=0)
+    assert not torch.equal(subset, torch.round(x * 255) / 255)  # something was applied

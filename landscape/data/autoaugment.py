@@ -37,9 +37,12 @@ Why our own and not kornia's ``kornia.augmentation.auto.AutoAugment`` (measured 
 sub-policy per call for the whole batch, where the paper (and the authors' code) draws one per
 image; kornia samples each magnitude inside an interval around its bin and uses bilinear sampling
 and the ``m / 9`` scale, so it is not the published augmentation; and it would be a dependency
-that pulls torch, which the CI install cannot take. This module is plain tensor code with no host
-synchronisation (every operation is computed for the whole batch and selected per image with
-``torch.where``), so it runs on the device with the batch.
+that pulls torch, which the CI install cannot take. This module is plain tensor code that runs on
+the batch's device. Two ways to apply an operation to the images that drew it, chosen once by the
+device: on the CPU the images are gathered (``nonzero``, free there) and only they are transformed,
+so each image costs its own at most two operations; on an accelerator every operation of the
+policy is computed for the whole batch and selected per image with ``torch.where``, which reads
+nothing back to the host (no synchronisation in the training step).
 """
 
 from __future__ import annotations
@@ -347,13 +350,15 @@ def autoaugment(
     *,
     generator: torch.Generator | None = None,
     fill: float | Sequence[float] = 0.0,
+    subsets: bool | None = None,
 ) -> torch.Tensor:
     """AutoAugment policy ``policy`` (a key of :data:`POLICIES`) on every image of ``x``
     (``[N, C, H, W]``, values in ``[0, 1]``): per image a sub-policy uniformly at random, then its
     first and its second operation, each with its probability (Cubuk et al. 2019, Sec. 3); the
     sub-policy, the coin flips and the signs of the geometric operations come from ``generator``.
     Works on the 8-bit levels ``round(255 x)`` (module docstring) and returns them divided by 255,
-    in ``x``'s dtype and device."""
+    in ``x``'s dtype and device. ``subsets``: transform only the images that drew an operation
+    (default on the CPU) or the whole batch and select (default elsewhere); the results agree."""
     _check_unit_images(x, "autoaugment")
     ops, probs, levels = _policy_tables(policy)
     n = x.shape[0]
@@ -367,11 +372,19 @@ def autoaugment(
     level_of = levels[sub].to(x.device)
     sign_of = torch.where(signs > 0.5, -1.0, 1.0).to(torch.float64).to(x.device)
     v = torch.round(x.clamp(0.0, 1.0) * 255.0)
+    # module docstring: subsets on the host, the whole batch elsewhere
+    gather = x.device.type == "cpu" if subsets is None else bool(subsets)
     for slot in range(2):
         for op_id in sorted(set(ops[:, slot].tolist())):  # the policy's operations: no device read
             mask = apply[:, slot] & (op_of[:, slot] == op_id)
-            out = apply_operation(v, OPERATIONS[op_id], level_of[:, slot], sign_of[:, slot], fill=fill)
-            v = torch.where(mask.view(n, 1, 1, 1), out, v)
+            name, lv, sg = OPERATIONS[op_id], level_of[:, slot], sign_of[:, slot]
+            if gather:
+                idx = mask.nonzero().squeeze(1)
+                if idx.numel():
+                    v[idx] = apply_operation(v[idx], name, lv[idx], sg[idx], fill=fill)
+            else:
+                out = apply_operation(v, name, lv, sg, fill=fill)
+                v = torch.where(mask.view(n, 1, 1, 1), out, v)
     return v / 255.0
 
 
