@@ -1,6 +1,6 @@
-"""AutoAugment (CIFAR-10 policy) and Cutout on a batch: ours (``landscape.data.autoaugment``,
-``landscape.data.random_cutout``) vs kornia's ``AutoAugment("cifar10")`` / ``RandomErasing``-free
-Cutout-equivalent absent, so Cutout is timed on its own.
+"""AutoAugment (CIFAR-10 policy) on a batch: ours (``landscape.data.autoaugment``) vs kornia's
+``kornia.augmentation.auto.AutoAugment("cifar10")``; our Cutout (``landscape.data.random_cutout``,
+side 16) timed on its own (kornia has no Cutout of that definition).
 
 Batch 256 x 3 x 32 x 32 float32 in [0, 1], milliseconds per batch (median of ``--repeat`` calls
 after a warm-up). Kornia is installed without its dependencies (``pip install --no-deps kornia
