@@ -73,6 +73,8 @@ DEFAULTS: dict[str, Any] = {
         "augmentation": "none",
         "crop_padding": 4,
         "crop_fill": "mean",
+        "autoaugment": "none",  # AutoAugment policy after crop/flip (landscape.data.autoaugment)
+        "cutout": 0,  # Cutout square side in pixels after AutoAugment; 0 = off
         "label_noise": 0.0,
         "label_noise_mode": "flip",
         "label_noise_seed": -1,
@@ -126,6 +128,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.augmentation": ("none", "flip", "crop_flip"),
     "data.label_noise_mode": ("flip", "uniform", "asymmetric"),
     "data.crop_fill": ("mean", "black"),
+    "data.autoaugment": ("none", "cifar10", "imagenet", "svhn"),
     "train.schedule": ("cosine", "step", "constant", "swa", "none"),
     "train.compile": ("off", "default", "reduce-overhead", "max-autotune"),
     "distributed.mode": ("grid", "data_parallel"),
@@ -467,6 +470,7 @@ def _check_numbers(cfg: dict[str, Any]) -> None:
         ("data.limit_train", d["limit_train"], 0),
         ("data.limit_test", d["limit_test"], 0),
         ("data.crop_padding", d["crop_padding"], 0),
+        ("data.cutout", d["cutout"], 0),
     ):
         if value < lo:
             raise ConfigError(f"config key {where} must be >= {lo}, got {value!r}")

@@ -41,7 +41,7 @@ _EVAL_ONLY = ("evaluation",)
 #: default, so the runs of older configurations keep their fingerprints (and are not redone).
 _LATER_METHOD_KEYS = ("bayesian", "mc_dropout", "ensemble")
 _LATER_KEYS = {
-    "data": {"allow_test_as_train": False},
+    "data": {"allow_test_as_train": False, "autoaugment": "none", "cutout": 0},
     "distributed": {"sync_batchnorm": False},
     "train": {"min_lr": 0.0, "divergence_factor": 10.0, "compile": "off"},
 }

@@ -62,7 +62,8 @@ from experiments.schedules import FactorSchedule, NoSchedule, lr_factor
 from experiments.sync_batchnorm import BatchNormSync, convert_batchnorm
 from landscape import metrics
 from landscape.cli_common import interrupts_deferred
-from landscape.data import CHANNEL_STATS, black_fill, random_crop_flip, random_hflip
+from landscape.data import CHANNEL_STATS, black_fill, random_crop_flip, random_cutout, random_hflip
+from landscape.data.autoaugment import standardised_autoaugment
 from landscape.models import model_factory
 from optimizers import SWAG, convert_to_bayesian
 from optimizers.amp import LossScaler, ScaleUnderflow, SkipStep
@@ -167,6 +168,7 @@ class Trainer:
         self.x_train = self.data.x_train.to(device=device, dtype=self.dtype)
         self.y_train = self.data.y_train.to(device)
         self.fill = _crop_fill(self.cfg, self.x_train)
+        self.autoaugment_stats = _autoaugment_stats(self.cfg, self.x_train)
         self.model = build_model(self.cfg, seed, self.dtype, device)
         check_model(self.cfg, self.model, self.contract, self.data)
         self.bn_sync = self._sync_batchnorm()
@@ -245,15 +247,21 @@ class Trainer:
     # ------------------------------------------------------------------------------ epochs
     def _augment(self, x: torch.Tensor) -> torch.Tensor:
         """``data.augmentation``: ``flip`` or ``crop_flip`` (``landscape.data.random_hflip`` /
-        ``random_crop_flip``, flip probability 1/2) drawn from the run's augmentation generator, on
-        the whole global batch (so data-parallel ranks see the same images as one process)."""
+        ``random_crop_flip``, flip probability 1/2), then ``data.autoaugment`` (the policy on the
+        un-standardised images, ``landscape.data.autoaugment``), then ``data.cutout``
+        (``landscape.data.random_cutout``), all drawn from the run's augmentation generator, on the
+        whole global batch (so data-parallel ranks see the same images as one process). Training
+        batches only: evaluation reads the data sets directly."""
         d, gen = self.cfg["data"], self.generators["augment"]
-        if d["augmentation"] == "none":  # before the import: no per-step cost without augmentation
-            return x
         if d["augmentation"] == "flip":
-            return random_hflip(x, 0.5, generator=gen)
-        if d["augmentation"] == "crop_flip":
-            return random_crop_flip(x, d["crop_padding"], 0.5, generator=gen, fill=self.fill)
+            x = random_hflip(x, 0.5, generator=gen)
+        elif d["augmentation"] == "crop_flip":
+            x = random_crop_flip(x, d["crop_padding"], 0.5, generator=gen, fill=self.fill)
+        if d["autoaugment"] != "none":  # after crop/flip, before Cutout (the SAM code's order)
+            mean, std, fill = self.autoaugment_stats
+            x = standardised_autoaugment(x, d["autoaugment"], mean, std, generator=gen, fill=fill)
+        if d["cutout"] > 0:  # zeros after standardisation (DeVries & Taylor's code)
+            x = random_cutout(x, d["cutout"], generator=gen)
         return x
 
     def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -501,6 +509,44 @@ def _crop_fill(cfg: dict[str, Any], x: torch.Tensor) -> Any:
             f'(known: {sorted(CHANNEL_STATS)}); use crop_fill = "mean"'
         )
     return black_fill(key)
+
+
+def _autoaugment_stats(cfg: dict[str, Any], x: torch.Tensor) -> Any:
+    """Checks ``data.autoaugment`` / ``data.cutout`` against the inputs; for AutoAugment the
+    ``(mean, std, fill)`` that map the loaded inputs back to ``[0, 1]``: the data set's channel
+    statistics (``kwargs.normalize`` true or a statistics name), ``0`` / ``1`` for raw inputs
+    (``normalize = false``) or the ``(mean, std)`` pair given; ``fill`` (what the geometric
+    operations leave outside the image) is the mean colour with ``crop_fill = "mean"`` (the
+    authors' code: 0 after standardisation) and black with ``"black"``."""
+    d = cfg["data"]
+    if d["autoaugment"] == "none" and d["cutout"] == 0:
+        return None
+    if x.dim() != 4:
+        raise ConfigError(
+            f"data.autoaugment / data.cutout need image inputs [N, C, H, W], but {d['name']!r} gives "
+            f'{tuple(x.shape)}; use autoaugment = "none" and cutout = 0, or an image data set'
+        )
+    if d["autoaugment"] == "none":
+        return None
+    norm = d["kwargs"].get("normalize", True)
+    channels = x.shape[1]
+    if norm is False:
+        mean, std = (0.0,) * channels, (1.0,) * channels
+    elif isinstance(norm, (list, tuple)) and len(norm) == 2:
+        mean, std = tuple(norm[0]), tuple(norm[1])
+    else:
+        key = norm if isinstance(norm, str) else d["name"].partition(":")[0].lower().replace("-", "")
+        if key not in CHANNEL_STATS:
+            raise ConfigError(
+                f"data.autoaugment = {d['autoaugment']!r} works on images in [0, 1] and needs the "
+                f"channel statistics that standardised them; {key!r} has none (known: "
+                f"{sorted(CHANNEL_STATS)}); load raw images with data.kwargs.normalize = false"
+            )
+        mean, std = CHANNEL_STATS[key]
+    if len(mean) != channels:
+        raise ConfigError(f"data.autoaugment: {len(mean)} channel means for images with {channels} channels")
+    fill = tuple(float(m) for m in mean) if d["crop_fill"] == "mean" else 0.0
+    return mean, std, fill
 
 
 def _swag_to(opt: Any, device: torch.device) -> None:

@@ -6,12 +6,14 @@
   parses the ``digits`` / ``mnist:DIR`` / ``cifar10c:DIR:gaussian_noise:3`` ... specs of the
   command lines;
 * ``transforms``: random crop with padding + horizontal flip on batched tensors (seeded
-  ``torch.Generator``), per-channel normalisation (published or computed statistics);
+  ``torch.Generator``), Cutout, per-channel normalisation (published or computed statistics);
+* ``autoaugment``: the AutoAugment policies (Cubuk et al. 2019) per image on a batch;
 * ``label_noise``: seeded symmetric / asymmetric label noise returning the noisy labels and the
   mask of the flipped ones (:class:`NoisyLabels`, saved like any result);
 * ``batching``: fixed-size batches, DataLoaders and iteration over any accepted data form.
 """
 
+from landscape.data.autoaugment import AutoAugment, autoaugment
 from landscape.data.batching import batches, iterate, make_loader
 from landscape.data.datasets import (
     CHANNEL_STATS,
@@ -48,10 +50,14 @@ from landscape.data.transforms import (
     normalize,
     random_crop,
     random_crop_flip,
+    random_cutout,
     random_hflip,
 )
 
 __all__ = [
+    "AutoAugment",
+    "autoaugment",
+    "random_cutout",
     "CHANNEL_STATS",
     "CIFAR100_FILES",
     "CIFAR10_ASYMMETRIC",

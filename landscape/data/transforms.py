@@ -8,6 +8,7 @@ per-channel normalisation.
 * :func:`random_crop_flip` / :class:`RandomCropFlip`: both, drawn from a ``torch.Generator`` so a
   seed reproduces the whole augmentation stream; :class:`RandomCropFlip` is the per-batch callable
   to hand to :func:`landscape.models.train` (``transform=``);
+* :func:`random_cutout`: Cutout (DeVries & Taylor 2017), a square zeroed at a random centre;
 * :func:`normalize` / :func:`channel_stats`: ``(x - mean) / std`` per channel, with the published
   constants of :data:`landscape.data.common.CHANNEL_STATS` or statistics computed from a
   training set.
@@ -34,6 +35,7 @@ __all__ = [
     "normalize",
     "random_crop",
     "random_crop_flip",
+    "random_cutout",
     "random_hflip",
 ]
 
@@ -221,3 +223,37 @@ def normalize(
     if bool((s <= 0).any()):
         raise ValueError(f"normalize: standard deviations must be positive, got {list(std)}")
     return (x - m.view(1, -1, 1, 1)) / s.view(1, -1, 1, 1)
+
+
+def random_cutout(
+    x: torch.Tensor,
+    size: int = 16,
+    *,
+    generator: torch.Generator | int | None = None,
+    value: float = 0.0,
+    return_centres: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Cutout (DeVries & Taylor 2017, arXiv:1708.04552): in every image of ``x`` (``[N, C, H, W]``)
+    the pixels of rows ``[cy - size // 2, cy + size // 2)`` and columns ``[cx - size // 2, cx +
+    size // 2)``, clipped at the border, are set to ``value`` (all channels), for a centre ``(cy,
+    cx)`` uniform over the image, one per image (the authors' ``util/cutout.py``; the square may
+    lie partly outside, so fewer than ``size^2`` pixels change near the border). Their code and the
+    SAM code zero the square after standardisation (the mean colour): ``value = 0``; side 16 for
+    CIFAR-10 (the SAM code's ``cutout_length``). ``return_centres=True`` also returns the ``[N, 2]``
+    int64 centres ``(cy, cx)``."""
+    _check_images(x, "random_cutout")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"cutout size must be a non-negative int (the side in pixels), got {size!r}")
+    gen = _generator(generator)
+    n, _, h, w = x.shape
+    draw = _draw_device(gen)
+    cy = torch.randint(0, h, (n,), generator=gen, device=draw)
+    cx = torch.randint(0, w, (n,), generator=gen, device=draw)
+    centres = torch.stack([cy, cx], dim=1).to(x.device)
+    rows = torch.arange(h, device=x.device).view(1, h, 1)
+    cols = torch.arange(w, device=x.device).view(1, 1, w)
+    half = size // 2
+    ry, rx = centres[:, 0].view(n, 1, 1), centres[:, 1].view(n, 1, 1)
+    inside = (rows >= ry - half) & (rows < ry + half) & (cols >= rx - half) & (cols < rx + half)
+    out = x.masked_fill(inside.unsqueeze(1), float(value))
+    return (out, centres.cpu()) if return_centres else out
