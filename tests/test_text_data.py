@@ -127,6 +127,9 @@ def test_rte_ids_equal_the_tokenizers_encoding_and_a_hand_count(files):
     # the parent directory with SuperGLUE's RTE folder finds the same files; limit keeps the first
     x2, y2 = load_superglue("rte", files["root"], "train", tokenizer=files["model"], max_length=16, limit=2)
     assert torch.equal(x2, x[:2]) and torch.equal(y2, y[:2])
+    # precision = "float64" asks every loader for dtype=float64: token ids stay int64
+    x3, _ = load_superglue("rte", files["root"], tokenizer=files["model"], max_length=16, dtype=torch.float64)
+    assert x3.dtype == torch.int64 and torch.equal(x3, x)
 
 
 def test_boolq_truncates_the_passage_and_wic_puts_the_word_first(files):

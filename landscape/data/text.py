@@ -34,7 +34,8 @@ dependency of this project (nor installed with the benchmark peers), it would on
 so the loader behaves the same on every machine.
 
 Tokenizer: ``transformers.AutoTokenizer.from_pretrained(DIR, local_files_only=True)`` on a local
-directory (``tokenizer.json`` / ``vocab.txt``: no code or pickle is read); nothing is downloaded.
+directory (``tokenizer.json`` or a WordPiece vocabulary file: no code or pickle is read); nothing is
+downloaded.
 ``tokenizer=`` names it; without it the directory in ``$SHARPSCAPE_TEXT_MODEL`` (the model's
 checkpoint directory, which holds its tokenizer) is used. ``transformers`` is optional: install it
 with ``pip install transformers --no-deps`` plus ``tokenizers`` (``benchmarks/install_peers.sh``).
