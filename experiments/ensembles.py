@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from landscape.data.batching import inputs_to
 from optimizers import SWAG, FlatSGLD
 from optimizers.bayes.mc_dropout import dropout_modules, seeded_global_rng
 from optimizers.bayes.sgvb import bayes_layers, use_mean
@@ -82,7 +83,7 @@ def predict_probs(model: nn.Module, x: torch.Tensor, batch_size: int, device: to
         model.eval()
         with torch.no_grad(), point_context(model):
             for i in range(0, len(x), batch_size):
-                logits = model(x[i : i + batch_size].to(device=device, dtype=dtype))
+                logits = model(inputs_to(x[i : i + batch_size], device, dtype))
                 out.append(torch.softmax(logits.double(), dim=1).cpu())
     finally:
         for m, mode in was.items():
@@ -218,7 +219,7 @@ def bma_with_method(
             kw["generator"] = torch.Generator(device=device).manual_seed(seed)
         if "scale" in params:
             kw["scale"] = scale
-        probs = fn(model, x[i : i + batch_size].to(device=device, dtype=dtype), **kw)
+        probs = fn(model, inputs_to(x[i : i + batch_size], device, dtype), **kw)
         out.append(probs.double().cpu())
     return torch.cat(out)
 
@@ -261,7 +262,7 @@ def mc_dropout_probs(
                 for _ in range(samples):
                     parts = []
                     for i in range(0, len(x), batch_size):
-                        logits = model(x[i : i + batch_size].to(device=device, dtype=dtype))
+                        logits = model(inputs_to(x[i : i + batch_size], device, dtype))
                         parts.append(torch.softmax(logits.double(), dim=1).cpu())
                     probs = torch.cat(parts)
                     total = probs if total is None else total + probs

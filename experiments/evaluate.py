@@ -27,6 +27,7 @@ from experiments.ensembles import (
 )
 from landscape import metrics
 from landscape.data import CIFAR10C_ALL_CORRUPTIONS, load_cifar10c
+from landscape.data.batching import inputs_to
 from landscape.sharpness import MEASURES
 from optimizers import SWAG
 from optimizers.bayes.swag import has_batchnorm
@@ -84,7 +85,7 @@ def _sharpness(
     k = min(cfg["evaluation"]["sharpness_subset"], len(data.y_train))
     idx = _subset(len(data.y_train), k)
     dtype = next(model.parameters()).dtype
-    subset = (data.x_train[idx].to(device=device, dtype=dtype), data.y_train[idx].to(device))
+    subset = (inputs_to(data.x_train[idx], device, dtype), data.y_train[idx].to(device))
     obj = ls.Objective(model, nn.CrossEntropyLoss(), subset, mode="eval")
     with point_context(model):  # Bayesian layers: the sharpness of the mean network
         report = ls.sharpness_report(obj, [(m, o) for _, m, o in specs], progress=progress)
@@ -108,7 +109,7 @@ class _Batches:
 
     def __iter__(self):
         for i in range(0, len(self.x), self.bs):
-            yield self.x[i : i + self.bs].to(device=self.device, dtype=self.dtype)
+            yield inputs_to(self.x[i : i + self.bs], self.device, self.dtype)
 
 
 def _corruption_sets(

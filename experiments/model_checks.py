@@ -63,18 +63,18 @@ def _input_fix(cfg: dict[str, Any], layer: nn.Module | None, shape: tuple[int, .
     )
 
 
-def _forward(cfg: dict[str, Any], shape: tuple[int, ...]) -> torch.Tensor:
+def _forward(cfg: dict[str, Any], shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
     """The model's output for two examples of ``shape`` (on ``meta``; on the CPU where an operation
-    has no meta kernel)."""
+    has no meta kernel); ``dtype``: integer inputs (token ids) keep theirs, floating ones the default."""
     name, kwargs = cfg["model"]["name"], cfg["model"]["kwargs"]
     try:
         model = model_factory(name, device="meta", **kwargs).eval()
         with torch.no_grad():
-            return model(torch.zeros((2, *shape), device="meta"))
+            return model(torch.zeros((2, *shape), device="meta", dtype=dtype))
     except (NotImplementedError, RuntimeError):  # no meta kernel, or a real mismatch: ask the CPU
         model = model_factory(name, seed=0, **kwargs).eval()
         with torch.no_grad():
-            return model(torch.zeros((2, *shape)))
+            return model(torch.zeros((2, *shape), dtype=dtype))
 
 
 def check_model_data(cfg: dict[str, Any], data: Any) -> None:
@@ -89,7 +89,7 @@ def check_model_data(cfg: dict[str, Any], data: Any) -> None:
     shape = tuple(int(s) for s in data.x_train.shape[1:])
     spec = f"data.name {cfg['data']['name']!r}"
     try:
-        out = _forward(cfg, shape)
+        out = _forward(cfg, shape, None if data.x_train.is_floating_point() else data.x_train.dtype)
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         layer = _first_layer(model_factory(cfg["model"]["name"], device="meta", **cfg["model"]["kwargs"]))
         example = f"an example of {spec} has shape {list(shape)} ({math.prod(shape)} values)"

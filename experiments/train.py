@@ -64,6 +64,7 @@ from landscape import metrics
 from landscape.cli_common import interrupts_deferred
 from landscape.data import CHANNEL_STATS, black_fill, random_crop_flip, random_cutout, random_hflip
 from landscape.data.autoaugment import standardised_autoaugment
+from landscape.data.batching import inputs_to
 from landscape.models import model_factory
 from optimizers import SWAG, convert_to_bayesian
 from optimizers.amp import LossScaler, ScaleUnderflow, SkipStep
@@ -165,7 +166,7 @@ class Trainer:
         bs = min(t["batch_size"], self.n)
         self.batch_size = bs
         self.steps_per_epoch = self.n // bs if t["drop_last"] else math.ceil(self.n / bs)
-        self.x_train = self.data.x_train.to(device=device, dtype=self.dtype)
+        self.x_train = inputs_to(self.data.x_train, device, self.dtype)
         self.y_train = self.data.y_train.to(device)
         self.fill = _crop_fill(self.cfg, self.x_train)
         self.autoaugment_stats = _autoaugment_stats(self.cfg, self.x_train)

@@ -53,6 +53,14 @@ def make_loader(
     )
 
 
+def inputs_to(x: torch.Tensor, device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` on ``device``, floating inputs cast to ``dtype`` (the model's precision); integer
+    inputs (the token ids of :mod:`landscape.data.text`) keep their dtype."""
+    if x.is_floating_point():
+        return x.to(device=device, dtype=dtype)
+    return x.to(device=device)
+
+
 def iterate(data) -> Iterator[Batch]:
     """Iterate over ``data`` given as one ``(x, y)`` batch or an iterable of batches."""
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor):

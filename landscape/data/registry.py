@@ -6,7 +6,11 @@
   labels): python pickles;
 * ``cifar10c:[DIR:]CORRUPTION:SEVERITY``: CIFAR-10-C, e.g. ``cifar10c:/data:gaussian_noise:3``
   (split ``test``; :func:`landscape.data.cifar10c.load_cifar10c` takes the three separately);
-* ``svhn[:DIR]``: SVHN ``.mat`` files (labels 0..9; splits ``train``, ``test``, ``extra``, ``all``).
+* ``svhn[:DIR]``: SVHN ``.mat`` files (labels 0..9; splits ``train``, ``test``, ``extra``, ``all``);
+* ``boolq[:DIR]``, ``wic[:DIR]``, ``rte[:DIR]``: SuperGLUE ``.jsonl`` files tokenised into int64
+  ``[N, 3, L]`` inputs (:func:`landscape.data.text.load_superglue`; kwargs ``tokenizer`` (a local
+  directory, default ``$SHARPSCAPE_TEXT_MODEL``) and ``max_length`` (128); splits ``train`` and
+  ``val``, the test split: SuperGLUE's test labels are hidden).
 
 ``DIR`` may be left out when the ``SHARPSCAPE_DATA`` environment variable names the data
 directory.
@@ -20,10 +24,12 @@ from landscape.data.common import Batch
 from landscape.data.digits import load_digits
 from landscape.data.mnist import load_fashion_mnist, load_mnist
 from landscape.data.svhn import load_svhn
+from landscape.data.text import TEXT_TASKS, load_superglue  # imports transformers only when loading
 
 DATA_SPECS = (
     "digits", "digits-image", "mnist[:DIR]", "fashion-mnist[:DIR]", "cifar10[:DIR]",
     "cifar100[:DIR]", "cifar100-coarse[:DIR]", "cifar10c:[DIR:]CORRUPTION:SEVERITY", "svhn[:DIR]",
+    "boolq[:DIR]", "wic[:DIR]", "rte[:DIR]",
 )  # fmt: skip
 
 _ALIASES = {
@@ -83,4 +89,6 @@ def load_dataset(spec: str, split: str = "train", **kwargs) -> Batch:
         return _cifar10c(spec, rest, split, kwargs)
     if name == "svhn":
         return load_svhn(where, split, **kwargs)
+    if name in TEXT_TASKS:
+        return load_superglue(name, where, split, **kwargs)
     raise ValueError(f"unknown data spec {spec!r}: use one of {', '.join(DATA_SPECS)}")

@@ -10,7 +10,10 @@ take ``norm`` and ``dropout``; see each class for where dropout acts):
   ``resnet56``, ``resnet110`` (He et al.'s CIFAR ResNets, option-A shortcuts), ``resnet20-frn``
   (bSAM's), ``resnet18``, ``resnet34`` (CIFAR stem);
 * ``wrn`` (``depth``, ``widen_factor``), ``wrn16-4``, ``wrn28-2``, ``wrn28-10``;
-* ``preresnet`` (``depth``), ``preresnet110``, ``preresnet164``.
+* ``preresnet`` (``depth``), ``preresnet110``, ``preresnet164``;
+* ``hf-classifier`` (``path``: a local Hugging Face checkpoint directory, ``num_classes``,
+  ``attn_implementation``): :mod:`landscape.models.text`, for the int64 ``[N, 3, L]`` token inputs
+  of the ``boolq`` / ``wic`` / ``rte`` data; its module (and transformers) is imported on first use.
 """
 
 from __future__ import annotations
@@ -70,6 +73,13 @@ for _d, _k in ((16, 4), (28, 2), (28, 10)):
 register_model("preresnet")(PreResNet)
 register_model("preresnet110")(_with(PreResNet, depth=110))
 register_model("preresnet164")(_with(PreResNet, depth=164))
+
+
+@register_model("hf-classifier")
+def _hf_classifier(**kwargs: Any) -> nn.Module:
+    from landscape.models.text import hf_classifier  # lazily: importing the zoo never imports transformers
+
+    return hf_classifier(**kwargs)
 
 
 def available_models() -> list[str]:
