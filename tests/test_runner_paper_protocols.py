@@ -96,7 +96,9 @@ def record_weights(monkeypatch):
 def test_swag_collects_every_k_steps_the_hand_moments(tmp_path, record_weights):
     weights, holder = record_weights
     t = _trainer(
-        tmp_path, "methods.sgd.swag={rank = 2, start_epoch = 1, collect_every = 3, samples = 2}", "train.epochs=3"
+        tmp_path,
+        "methods.sgd.swag={rank = 2, start_epoch = 1, collect_every = 3, samples = 2}",
+        "train.epochs=3",
     )
     holder["model"] = t.model
     spe = t.steps_per_epoch
@@ -182,7 +184,9 @@ def test_swag_diag_samples_follow_the_hand_formula_and_the_diagonal_covariance()
         hand = mean + 0.5 * (sd * z1 / math.sqrt(2) + dev @ z2 / math.sqrt(2 * 3))
         torch.testing.assert_close(full[s], hand, rtol=0, atol=1e-14)
     # many draws: the empirical covariance of SWAG-Diag is diag(scale^2 Sigma_diag)
-    many = _drawn(model, sample_contexts(swag, model, diag_only=True, samples=3000, scale=1.0, seed=1, device=CPU))
+    many = _drawn(
+        model, sample_contexts(swag, model, diag_only=True, samples=3000, scale=1.0, seed=1, device=CPU)
+    )
     cov = torch.cov(many.T)
     torch.testing.assert_close(cov.diagonal(), swag.variance, rtol=0.1, atol=0)  # 4 standard errors
     off = cov - torch.diag(cov.diagonal())
@@ -255,7 +259,7 @@ def test_c_minus_1_run_trains_and_evaluates_through_the_zero_logit(tmp_path):
     p = torch.softmax(torch.cat([f, torch.zeros(len(yt), 1, dtype=f.dtype)], 1), 1)
     assert metrics["nll"] == pytest.approx(float(-torch.log(p[torch.arange(len(yt)), yt]).mean()), rel=1e-10)
     assert metrics["accuracy"] > 0.5  # it learnt all 10 classes from 9 outputs
-    with pytest.raises(ConfigError, match=r'needs C - 1 = 9 .*sizes = \[64, 12, 9\]'):
+    with pytest.raises(ConfigError, match=r"needs C - 1 = 9 .*sizes = \[64, 12, 9\]"):
         _trainer(tmp_path / "b", "model.logits=c-1")  # 10 outputs
 
 
@@ -294,14 +298,19 @@ def test_a_run_at_lr_0_evaluates_exactly_the_checkpoint(tmp_path):
     assert metrics["accuracy"] == pytest.approx(float((p.argmax(1) == yt).double().mean()), abs=1e-12)
     res = json.loads((run.run_dir / "results.json").read_text())
     assert res["config"]["model"]["checkpoint_sha256"] == sha
-    assert res["effective"]["initial_weights"]["loaded"] == 4 and not res["effective"]["initial_weights"]["missing"]
+    assert (
+        res["effective"]["initial_weights"]["loaded"] == 4
+        and not res["effective"]["initial_weights"]["missing"]
+    )
     assert out.is_dir()
     # a changed file is a different run; a pinned hash that does not match is refused
     _save_mlp(ck, seed=124)
     again = plan_runs(cfg)[0]
     assert fingerprint(again.cfg, training_only=True) != fingerprint(run.cfg, training_only=True)
     with pytest.raises(ConfigError, match="is not the one the config names"):
-        plan_runs(_cfg(tmp_path, f"model.checkpoint={json.dumps(str(ck))}", f'model.checkpoint_sha256="{sha}"'))
+        plan_runs(
+            _cfg(tmp_path, f"model.checkpoint={json.dumps(str(ck))}", f'model.checkpoint_sha256="{sha}"')
+        )
 
 
 def test_safetensors_are_read_without_a_dependency(tmp_path):
@@ -317,7 +326,10 @@ def test_safetensors_are_read_without_a_dependency(tmp_path):
 
 def test_safetensors_match_the_reference_reader(tmp_path):
     st = pytest.importorskip("safetensors.torch")
-    state = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.tensor([1, -2], dtype=torch.int64)}
+    state = {
+        "a": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        "b": torch.tensor([1, -2], dtype=torch.int64),
+    }
     st.save_file(state, str(tmp_path / "r.safetensors"))
     got = read_safetensors(tmp_path / "r.safetensors")
     assert set(got) == {"a", "b"} and all(torch.equal(got[k], v) for k, v in state.items())
@@ -328,6 +340,7 @@ class _Payload:
         return (print, ("this must never run",))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")  # the raw pickle's protocol
 def test_files_that_carry_code_or_do_not_fit_are_refused(tmp_path):
     model = model_factory("mlp", seed=0, sizes=[64, 12, 10], activation="tanh").double()
     evil = tmp_path / "evil.pt"
@@ -382,7 +395,9 @@ def test_sgld_starts_from_the_checkpoint_with_the_hand_first_step(tmp_path, reco
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:256]
     w = _flat(ref).requires_grad_(True)
     model = model_factory("mlp", sizes=[64, 12, 10], activation="tanh").double()
-    loss = F.cross_entropy(torch.func.functional_call(model, _split(model, w), (t.x_train[idx],)), t.y_train[idx])
+    loss = F.cross_entropy(
+        torch.func.functional_call(model, _split(model, w), (t.x_train[idx],)), t.y_train[idx]
+    )
     (g,) = torch.autograd.grad(loss, w)
     torch.testing.assert_close(weights[1], (w - 0.05 * (g + 1.0 * w / n)).detach(), rtol=0, atol=1e-14)
     assert len(t.opt.samples) == 2 * t.steps_per_epoch - 6  # every step after the burn-in
@@ -396,3 +411,29 @@ def _split(model, flat: torch.Tensor) -> dict:
         out[name] = flat[i : i + p.numel()].view_as(p)
         i += p.numel()
     return out
+
+
+def test_c_minus_1_sharpness_is_that_of_the_hand_loss(tmp_path):
+    from experiments.data import _subset
+    from experiments.evaluate import _sharpness
+
+    t = _trainer(
+        tmp_path,
+        "model.logits=c-1",
+        "model.kwargs.sizes=[64, 4, 9]",
+        'evaluation.sharpness=["lambda_max"]',
+        "evaluation.sharpness_subset=100",
+    )
+    got = _sharpness(t.model, t.data, t.cfg, CPU, False)["rows"]["lambda_max"]["value"]
+    # by hand: the dense Hessian of the mean cross-entropy of softmax([f(x; w), 0]) on the subset
+    idx = _subset(len(t.data.y_train), 100)
+    x, y = t.data.x_train[idx].double(), t.data.y_train[idx]
+    plain = model_factory("mlp", sizes=[64, 4, 9], activation="tanh").double()
+    w0 = _flat(t.model)
+
+    def loss(w):
+        f = torch.func.functional_call(plain, _split(plain, w), (x,))
+        return F.cross_entropy(torch.cat([f, torch.zeros(len(y), 1, dtype=f.dtype)], 1), y)
+
+    top = float(torch.linalg.eigvalsh(torch.autograd.functional.hessian(loss, w0))[-1])
+    assert got == pytest.approx(top, rel=1e-4)
