@@ -81,7 +81,14 @@ DEFAULTS: dict[str, Any] = {
         "num_data_factor": 1.0,
         "allow_test_as_train": False,
     },
-    "model": {"name": "mlp", "kwargs": {}},
+    "model": {
+        "name": "mlp",
+        "kwargs": {},
+        "logits": "c",  # "c-1": the last class's logit fixed at 0 (experiments.logits)
+        "checkpoint": "",  # initial weights (experiments.initial_weights); "" = the seeded init
+        "checkpoint_strict": True,
+        "checkpoint_sha256": "",  # filled in by the runner from the file; a given one is checked
+    },
     "train": {
         "epochs": 10,
         "batch_size": 128,
@@ -129,6 +136,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.label_noise_mode": ("flip", "uniform", "asymmetric"),
     "data.crop_fill": ("mean", "black"),
     "data.autoaugment": ("none", "cifar10", "imagenet", "svhn"),
+    "model.logits": ("c", "c-1"),
     "train.schedule": ("cosine", "step", "constant", "swa", "none"),
     "train.compile": ("off", "default", "reduce-overhead", "max-autotune"),
     "distributed.mode": ("grid", "data_parallel"),
@@ -161,10 +169,17 @@ METHOD_KEYS: dict[str, Any] = {
 }
 #: ``convention`` says what ``scale`` means (``optimizers.SWAG``): ``"paper"`` multiplies the standard
 #: deviation (Maddox et al. eq. 1), ``"code"`` the variance (their released sampler, whose scales the
-#: flat-seeking BNN authors quote).
+#: flat-seeking BNN authors quote). ``collect_every``: one collection every that many optimizer steps
+#: after ``start_epoch`` epochs (bSAM App. G.1: "collect a sample every k steps"); 0 = once per epoch
+#: (Maddox et al.). ``evaluate``: the posteriors evaluated from the one run, ``"swag"`` (low rank plus
+#: diagonal) and / or ``"swag_diag"`` (the diagonal part only), as the flat-seeking BNN authors
+#: evaluate both from one training run; empty = the one posterior ``diag_only`` names.
 SWAG_KEYS: dict[str, Any] = {
     "rank": 20, "start_epoch": 0, "diag_only": False, "samples": 30, "scale": 1.0, "convention": "paper",
+    "collect_every": 0, "evaluate": [],
 }  # fmt: skip
+#: the posteriors ``swag.evaluate`` may name
+SWAG_POSTERIORS = ("swag", "swag_diag")
 #: Tables of a method, off when absent or empty (as ``swag``) and on with at least one key, the
 #: others taking these defaults (``ensemble = { members = 5 }``): Bayesian layers
 #: (``optimizers.convert_to_bayesian``: SGVB, SGVB-LRT with ``local_reparam``; the ELBO's KL
@@ -408,6 +423,29 @@ def _method_tables(i: int, m: dict[str, Any]) -> None:
         )
 
 
+def _check_swag(i: int, s: dict[str, Any]) -> None:
+    """``collect_every`` >= 0; ``evaluate`` distinct names of :data:`SWAG_POSTERIORS`, ``"swag"`` only
+    with the deviations collected (``diag_only = false``)."""
+    where = f"methods[{i}].swag"
+    if s["collect_every"] < 0:
+        raise ConfigError(
+            f"{where}.collect_every must be >= 0 (optimizer steps between collections; 0 = once per "
+            f"epoch), got {s['collect_every']}"
+        )
+    ev = s["evaluate"]
+    bad = [v for v in ev if v not in SWAG_POSTERIORS]
+    if bad or len(set(ev)) != len(ev):
+        raise ConfigError(
+            f"{where}.evaluate must list distinct posteriors among {list(SWAG_POSTERIORS)} (empty: the "
+            f"one diag_only names), got {ev!r}"
+        )
+    if "swag" in ev and s["diag_only"]:
+        raise ConfigError(
+            f'{where}.evaluate names "swag" (low rank plus diagonal), but diag_only = true collects no '
+            "deviations; set diag_only = false (swag_diag is still evaluated from the same run)"
+        )
+
+
 def _check_methods(methods: Any) -> list[dict[str, Any]]:
     if not isinstance(methods, list) or not methods:
         raise ConfigError(
@@ -442,6 +480,7 @@ def _check_methods(methods: Any) -> list[dict[str, Any]]:
                     f"methods[{i}].swag.convention must be 'paper' (scale multiplies the standard "
                     f"deviation) or 'code' (scale multiplies the variance), got {m['swag']['convention']!r}"
                 )
+            _check_swag(i, m["swag"])
         _method_tables(i, m)
         out.append(m)
     return out
@@ -501,6 +540,22 @@ def _check_numbers(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"evaluation.severities must be among 1..5, got {e['severities']!r}")
 
 
+def _check_model(m: dict[str, Any]) -> None:
+    """``model.checkpoint_sha256``: empty or 64 hex digits, and only with a ``model.checkpoint``;
+    the checkpoint's path with ``~`` expanded (the file itself is read by the runner)."""
+    sha = m["checkpoint_sha256"]
+    if sha and not (len(sha) == 64 and all(c in "0123456789abcdef" for c in sha.lower())):
+        raise ConfigError(
+            f"model.checkpoint_sha256 must be the 64 hex digits of the file's SHA-256 (or empty: the "
+            f"runner fills it in), got {sha!r}"
+        )
+    if sha and not m["checkpoint"]:
+        raise ConfigError("model.checkpoint_sha256 is set but model.checkpoint is empty; name the file")
+    if m["checkpoint"]:
+        m["checkpoint"] = str(Path(m["checkpoint"]).expanduser())
+    m["checkpoint_sha256"] = sha.lower()
+
+
 def _check_sweep(cfg: dict[str, Any]) -> None:
     """Every sweep key must name a config key and every value must give a valid config."""
     for key, values in cfg["sweep"].items():
@@ -529,6 +584,7 @@ def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     cfg["methods"] = _check_methods(cfg["methods"])
     _check_free_numbers("train.optimizer_defaults", cfg["train"]["optimizer_defaults"])
     _check_numbers(cfg)
+    _check_model(cfg["model"])
     _check_sweep(cfg)
     if not cfg["name"]:
         cfg["name"] = "experiment"

@@ -145,9 +145,12 @@ def sample_contexts(
     seed: int,
     device: torch.device,
     bn_data: Any = None,
+    diag_only: bool | None = None,
 ) -> list[Context] | None:
     """One context manager factory per posterior sample (see the module docstring); ``None`` for
-    an optimizer without a posterior of a known kind."""
+    an optimizer without a posterior of a known kind. ``diag_only`` (SWAG only): ``True`` samples the
+    diagonal part of the posterior (SWAG-Diag), ``False`` the low rank plus diagonal one (SWAG),
+    ``None`` the one the SWAG was built with."""
     if isinstance(opt, Members):
         return [lambda s=s: _state_set(model, s) for s in opt.states]
 
@@ -156,7 +159,7 @@ def sample_contexts(
         if opt.n_collected < 2:
             return None
         bn = bn_data if has_batchnorm(model) else None
-        return [lambda: opt.sample(gen, scale, model=model, bn_data=bn)] * samples
+        return [lambda: opt.sample(gen, scale, diag_only=diag_only, model=model, bn_data=bn)] * samples
     if isinstance(opt, DiagonalGaussianPosterior):
         return [lambda: opt.sample(gen)] * samples
     if isinstance(opt, FlatSGLD):

@@ -171,7 +171,9 @@ def evaluate_run(
 
     ``metrics`` is the flat row for tables: the configured point metrics, ``auroc_ood_*`` with an
     OOD set, ``bma_*`` for methods with a posterior (:mod:`experiments.ensembles`), ``swa_*`` for
-    SWAG, ``c10c_*`` with CIFAR-10-C (from the model average when ``corruption_bma`` and the method
+    SWAG (and, with ``swag.evaluate``, ``swag_*`` / ``swag_diag_*``: the model average over the
+    low-rank-plus-diagonal and over the diagonal posterior of the one run, ``bma_*`` being the first
+    listed one's), ``c10c_*`` with CIFAR-10-C (from the model average when ``corruption_bma`` and the method
     has one) and ``sharpness_<measure>``. ``details`` holds every metric of every evaluation, the
     CIFAR-10-C table per corruption and severity and the sharpness rows. SWAG's samples and SWA
     solution get BatchNorm statistics recomputed on the training inputs.
@@ -214,7 +216,11 @@ def evaluate_run(
         metrics.update({f"swa_{k}": details["swa"][k] for k in keys})
     samples = swag["samples"] if swag else e["bma_samples"]
     scale = swag["scale"] if swag else 1.0
-    contexts = sample_contexts(opt, model, samples=samples, scale=scale, seed=seed, device=device, bn_data=bn)
+    posteriors = list(swag.get("evaluate", [])) if swag else []
+    first = {"swag": False, "swag_diag": True}[posteriors[0]] if posteriors else None
+    contexts = sample_contexts(
+        opt, model, samples=samples, scale=scale, seed=seed, device=device, bn_data=bn, diag_only=first
+    )
     bma_sets = {**sets, **(corr if e["corruption_bma"] else {})}
     bma: dict[str, torch.Tensor] = {}
     dropout = cfg["methods"][0].get("mc_dropout")
@@ -249,6 +255,17 @@ def evaluate_run(
     if bma:
         details["bma"] = scored(bma, "model average")
         metrics.update({f"bma_{k}": details["bma"][k] for k in keys})
+        for name in posteriors:  # swag.evaluate: SWAG and SWAG-Diag from the one run
+            if name == posteriors[0]:
+                probs_p = {k: bma[k] for k in sets}
+            else:
+                ctx_p = sample_contexts(
+                    opt, model, samples=samples, scale=scale, seed=seed, device=device, bn_data=bn,
+                    diag_only=name == "swag_diag",
+                )  # fmt: skip
+                probs_p = ensemble_probs(ctx_p or [], model, sets, bs, device, progress)
+            details[f"bma_{name}"] = scored(probs_p, f"model average ({name})")
+            metrics.update({f"{name}_{k}": details[f"bma_{name}"][k] for k in keys})
     if corr:
         use_bma = e["corruption_bma"] and bool(bma)
         probs = (

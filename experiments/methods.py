@@ -13,8 +13,10 @@ passed to every optimizer that accepts them. A hyperparameter the optimizer does
 error naming the accepted ones.
 
 With a ``swag`` table, the optimizer is wrapped in :class:`optimizers.SWAG`, which collects the
-weights once per epoch from ``start_epoch`` on (Maddox et al. 2019, Alg. 1); a SAM inside gives
-F-SWAG (Nguyen et al. 2023). The other tables of a method (:data:`experiments.config.METHOD_TABLES`):
+weights once per epoch from ``start_epoch`` on (Maddox et al. 2019, Alg. 1), or every
+``collect_every`` optimizer steps after it (bSAM App. G.1, MNIST: "collect a sample every k
+steps"); a SAM inside gives F-SWAG (Nguyen et al. 2023). The other tables of a method
+(:data:`experiments.config.METHOD_TABLES`):
 
 * ``bayesian``: the model's ``nn.Linear`` / ``nn.Conv2d`` layers become mean-field Gaussian layers
   (:func:`optimizers.convert_to_bayesian`); with any optimizer the loss is the negative ELBO per
@@ -390,7 +392,7 @@ def build_optimizer(
         opt = opt_pkg.SWAG(
             opt,
             rank=s["rank"],
-            collect_every=steps_per_epoch,
+            collect_every=s.get("collect_every", 0) or steps_per_epoch,  # 0: once per epoch
             start_step=s["start_epoch"] * steps_per_epoch,
             diag_only=s["diag_only"],
             seed=int(seed),

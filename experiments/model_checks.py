@@ -108,6 +108,20 @@ def check_model_data(cfg: dict[str, Any], data: Any) -> None:
     if out.ndim != 2:
         return  # not a classifier's (batch, classes) output: nothing to compare
     outputs, classes = int(out.shape[-1]), data_classes(data)
+    if cfg["model"].get("logits", "c") == "c-1":  # the zero logit is appended: C - 1 outputs wanted
+        if outputs != classes - 1:
+            kw = cfg["model"]["kwargs"]
+            sizes = kw.get("sizes")
+            if isinstance(sizes, list) and sizes:
+                fix = f"set model.kwargs.sizes = {[*sizes[:-1], classes - 1]} (the last entry: outputs)"
+            else:
+                fix = f"set model.kwargs.num_classes = {classes - 1}"
+            raise ConfigError(
+                f'{_where(cfg)} has {outputs} outputs, but model.logits = "c-1" needs C - 1 = '
+                f"{classes - 1} for the {classes} classes of {spec} (the last class's logit is fixed "
+                f'at 0); {fix}, or use model.logits = "c"'
+            )
+        return
     if outputs < classes:
         kw = cfg["model"]["kwargs"]
         sizes = kw.get("sizes")

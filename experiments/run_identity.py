@@ -44,10 +44,11 @@ _LATER_KEYS = {
     "data": {"allow_test_as_train": False, "autoaugment": "none", "cutout": 0},
     "distributed": {"sync_batchnorm": False},
     "train": {"min_lr": 0.0, "divergence_factor": 10.0, "compile": "off"},
+    "model": {"logits": "c", "checkpoint": "", "checkpoint_strict": True, "checkpoint_sha256": ""},
 }
 #: keys of ``train`` that change no result (what is logged): never part of the hashed config
 _TRAIN_NOT_SEMANTIC = ("log_every",)
-_LATER_SWAG_KEYS = {"convention": "paper"}
+_LATER_SWAG_KEYS: dict[str, Any] = {"convention": "paper", "collect_every": 0, "evaluate": []}
 
 _NO_DEFAULT = object()
 

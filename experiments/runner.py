@@ -41,6 +41,7 @@ from experiments.config import ConfigError, resolve_config, set_key
 from experiments.data import check_splits
 from experiments.divergence import Diverged, DivergenceRecord
 from experiments.evaluate import evaluate_run, sharpness_measures
+from experiments.initial_weights import file_sha256
 from experiments.members import EnsembleTrainer, member_dirs
 from experiments.methods import check_run
 from experiments.parallel import DistContext
@@ -135,10 +136,30 @@ def plan_runs(cfg: dict[str, Any]) -> list[Run]:
                     one["train"]["epochs"] = method["epochs"]
                 if method["schedule"]:  # ... or with its own schedule ("none": its optimizer's)
                     one["train"]["schedule"] = method["schedule"]
-                one = resolve_config(one)
+                one = _with_checkpoint_hash(resolve_config(one))
                 d = root / variant if variant else root
                 runs.append(Run(variant, method["name"], seed, one, d / method["name"] / f"seed{seed}"))
     return runs
+
+
+def _with_checkpoint_hash(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with ``model.checkpoint_sha256`` set to the SHA-256 of ``model.checkpoint`` (a changed
+    file is a different run, :mod:`experiments.run_identity`); a hash given in the config must match.
+
+    Raises:
+        ConfigError: the file is missing, or its hash is not the given one."""
+    m = cfg["model"]
+    if not m["checkpoint"]:
+        return cfg
+    sha = file_sha256(m["checkpoint"])
+    if m["checkpoint_sha256"] and m["checkpoint_sha256"] != sha:
+        raise ConfigError(
+            f"model.checkpoint {m['checkpoint']} has SHA-256 {sha}, but model.checkpoint_sha256 = "
+            f"{m['checkpoint_sha256']}: the file is not the one the config names; use that file, or "
+            "remove checkpoint_sha256 (a new run)"
+        )
+    m["checkpoint_sha256"] = sha
+    return cfg
 
 
 def validate(runs: list[Run]) -> None:
@@ -358,6 +379,9 @@ def save_run(
         "steps": trainer.counters["step"],
         "skipped_steps": trainer.counters["skipped"],
     }
+    notes = getattr(trainer, "notes", None) or getattr(getattr(trainer, "first", None), "notes", None)
+    if notes and "initial_weights" in notes:  # model.checkpoint: what was loaded, what kept its init
+        effective["initial_weights"] = notes["initial_weights"]
     result = RunResult(
         config=run.cfg,
         seconds=seconds,

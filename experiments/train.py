@@ -38,6 +38,7 @@ import dataclasses
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ from experiments.closures import ClosureFactory, check_sub_batches
 from experiments.config import ConfigError
 from experiments.data import RunData, data_fingerprints, prepare_data
 from experiments.ensembles import predict_probs
+from experiments.initial_weights import load_initial_weights
+from experiments.logits import append_zero_logit
 from experiments.logs import EpochLogger
 from experiments.methods import build_optimizer, check_run, inner_optimizer
 from experiments.model_checks import check_model_data
@@ -82,17 +85,47 @@ OPT_SEED_OFFSET = 2_000_006
 BAYES_SEED_OFFSET = 3_000_009
 
 
-def build_model(cfg: dict[str, Any], seed: int, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """The run's model: ``model_factory(name, seed=seed, **kwargs)`` on ``device`` in ``dtype``; with
-    a ``bayesian`` table on the method, its ``nn.Linear`` / ``nn.Conv2d`` layers converted to
-    Bayesian layers (:func:`optimizers.convert_to_bayesian`) whose noise generator is seeded with
-    ``seed + BAYES_SEED_OFFSET``."""
+def build_model(
+    cfg: dict[str, Any],
+    seed: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    initial_weights: bool = True,
+    notes: dict[str, Any] | None = None,
+) -> nn.Module:
+    """The run's model: ``model_factory(name, seed=seed, **kwargs)``, with ``model.checkpoint`` its
+    initial weights loaded from that file (:func:`experiments.initial_weights.load_initial_weights`;
+    not with ``initial_weights=False``; the load's note goes to ``notes["initial_weights"]``), on
+    ``device`` in ``dtype``; with a ``bayesian`` table on the method, its ``nn.Linear`` /
+    ``nn.Conv2d`` layers converted to Bayesian layers (:func:`optimizers.convert_to_bayesian`) whose
+    noise generator is seeded with ``seed + BAYES_SEED_OFFSET``; with ``model.logits = "c-1"`` the
+    zero logit appended to its outputs (:func:`experiments.logits.append_zero_logit`)."""
     name = cfg["model"]["name"]  # a registered model: checked once, by experiments.runner.validate
     try:
         model = model_factory(name, seed=seed, **cfg["model"]["kwargs"])
     except TypeError as exc:
         raise ConfigError(f"model {name!r} rejects model.kwargs {cfg['model']['kwargs']}: {exc}") from None
     model = model.to(device=device, dtype=dtype)
+    path = cfg["model"].get("checkpoint", "")
+    if path and initial_weights:
+        note = load_initial_weights(model, path, strict=cfg["model"].get("checkpoint_strict", True))
+        if note["missing"] or note["unexpected"] or note["reshaped"]:
+            warnings.warn(
+                f"model.checkpoint {path}: loaded {note['loaded']} entries; kept the seeded "
+                f"initialisation of {note['missing'] + note['reshaped']}; not used from the file: "
+                f"{note['unexpected']}",
+                UserWarning,
+                stacklevel=2,
+            )
+        pinned = cfg["model"].get("checkpoint_sha256", "")
+        if pinned and pinned != note["sha256"]:
+            raise ConfigError(
+                f"model.checkpoint {path} has SHA-256 {note['sha256']}, not model.checkpoint_sha256 = "
+                f"{pinned}: the file changed; restore it, or clear checkpoint_sha256 to start a new run"
+            )
+        if notes is not None:
+            notes["initial_weights"] = note
     bayes = cfg["methods"][0].get("bayesian") if cfg["methods"] else None
     if bayes:
         gen = torch.Generator(device=device).manual_seed(seed + BAYES_SEED_OFFSET)
@@ -106,6 +139,8 @@ def build_model(cfg: dict[str, Any], seed: int, dtype: torch.dtype, device: torc
             )
         except ValueError as exc:
             raise ConfigError(f"method {cfg['methods'][0]['name']!r}, bayesian table: {exc}") from None
+    if cfg["model"].get("logits", "c") == "c-1":
+        append_zero_logit(model)
     return model
 
 
@@ -170,7 +205,8 @@ class Trainer:
         self.y_train = self.data.y_train.to(device)
         self.fill = _crop_fill(self.cfg, self.x_train)
         self.autoaugment_stats = _autoaugment_stats(self.cfg, self.x_train)
-        self.model = build_model(self.cfg, seed, self.dtype, device)
+        self.notes: dict[str, Any] = {}  # the initial weights' note (model.checkpoint)
+        self.model = build_model(self.cfg, seed, self.dtype, device, notes=self.notes)
         check_model(self.cfg, self.model, self.contract, self.data)
         self.bn_sync = self._sync_batchnorm()
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=t["label_smoothing"])

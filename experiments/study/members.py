@@ -40,6 +40,7 @@ from torch import nn
 from experiments.amp import param_dtype
 from experiments.config import ConfigError, resolve_config
 from experiments.data import RunData, prepare_data
+from experiments.logits import append_zero_logit
 from experiments.parallel import DistContext
 from experiments.runner import Run, plan_runs, run_one, validate
 from experiments.study.config import model_id
@@ -212,6 +213,8 @@ def load_member(run: Run, *, device: torch.device) -> tuple[nn.Module, RunData, 
     model = model_factory(m["name"], seed=run.seed, **m["kwargs"])
     model = model.to(dtype=param_dtype(run.cfg["precision"]))
     model.load_state_dict(blob["model"])
+    if m.get("logits", "c") == "c-1":  # the run's C-1-output likelihood
+        append_zero_logit(model)
     model.to(device)
     return model, prepare_data(run.cfg, run.seed), list(blob["history"])
 
