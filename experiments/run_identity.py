@@ -44,6 +44,7 @@ _LATER_KEYS = {
     "data": {"allow_test_as_train": False},
     "distributed": {"sync_batchnorm": False},
     "train": {"min_lr": 0.0, "divergence_factor": 10.0, "compile": "off"},
+    "evaluation": {"save_predictions": False},
 }
 #: keys of ``train`` that change no result (what is logged): never part of the hashed config
 _TRAIN_NOT_SEMANTIC = ("log_every",)
