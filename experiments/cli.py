@@ -134,7 +134,7 @@ def _parser(prog: str = "python -m experiments") -> Parser:
         "runs", nargs="*", metavar="RUN_DIR", help="run directories or directories above them"
     )
     figure.add_argument(
-        "--runs", dest="more_runs", action="append", default=[], metavar="DIR", help="more run directories"
+        "--runs", dest="more_runs", action="append", metavar="DIR", help="more run directories (repeatable)"
     )
     figure.add_argument("--out", required=True, help="directory for NAME.png and NAME.json")
     figure.add_argument(
@@ -341,7 +341,7 @@ def _table(args: Any) -> int:
 
 
 def _figure(args: Any) -> int:
-    runs = list(args.runs) + list(args.more_runs)
+    runs = list(args.runs) + list(args.more_runs or [])
     if not runs:
         raise UsageError("no run directories given", "give RUN_DIR ... or --runs DIR")
     for path in runs:
