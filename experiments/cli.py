@@ -1,4 +1,5 @@
-"""``python -m experiments run CONFIG [key=value ...]`` and ``python -m experiments table RUN_DIRS...``.
+"""``python -m experiments run CONFIG [key=value ...]``, ``python -m experiments table RUN_DIRS...`` and
+``python -m experiments figure NAME RUN_DIRS... --out DIR`` (:mod:`experiments.paper_figures`).
 
 Every failure ends in one ``error: <what> — <how to fix>`` line on stderr (``--debug`` adds the
 traceback) and an exit status: 2 for a bad command line or configuration (unknown key, method or
@@ -24,6 +25,7 @@ from typing import Any
 from experiments.config import ConfigError, load_config
 from experiments.divergence import DivergenceRecord
 from experiments.estimate import device_name, estimate_runs, format_estimate
+from experiments.paper_figures import FIGURES, make_figure
 from experiments.parallel import from_environment
 from experiments.runner import plan_runs, resolve_device, run_one, validate
 from experiments.table import aggregate, collect_runs, format_table, plot_table, write_text
@@ -43,7 +45,10 @@ from landscape.cli_common import (
 )
 from sharpscape.resources import format_config_list, resolve_config, wrong_config
 
-__all__ = ["main"]
+__all__ = ["FIGURE_NAMES", "main"]
+
+#: the figures of ``figure NAME`` (:mod:`experiments.paper_figures`)
+FIGURE_NAMES = tuple(FIGURES)
 
 
 def _parser(prog: str = "python -m experiments") -> Parser:
@@ -116,6 +121,56 @@ def _parser(prog: str = "python -m experiments") -> Parser:
     )
     add_debug_option(table)
     table.intermixed = "runs"
+    figure = sub.add_parser(
+        "figure",
+        help="a paper figure from run directories: fsam_fig4, flatbnn_fig1, flatbnn_fig2 (PNG + JSON)",
+        description="Make one of the papers' figures that come from trained runs "
+        "(experiments.paper_figures): fsam_fig4 (Fisher-SAM Fig. 4, needs the perturbation_robustness "
+        "sharpness measure), flatbnn_fig1 (flat-BNN Fig. 1, needs runs with a swag table), flatbnn_fig2 "
+        "(flat-BNN Fig. 2, reliability diagrams). Writes OUT/NAME.png and OUT/NAME.json.",
+    )
+    figure.add_argument("name", metavar="NAME", choices=FIGURE_NAMES, help=", ".join(FIGURE_NAMES))
+    figure.add_argument(
+        "runs", nargs="*", metavar="RUN_DIR", help="run directories or directories above them"
+    )
+    figure.add_argument(
+        "--runs", dest="more_runs", action="append", metavar="DIR", help="more run directories (repeatable)"
+    )
+    figure.add_argument("--out", required=True, help="directory for NAME.png and NAME.json")
+    figure.add_argument(
+        "--predictive",
+        choices=("auto", "bma", "point", "swa"),
+        default="auto",
+        help="flatbnn_fig2: which predictions (default auto: the model average when the runs have one)",
+    )
+    figure.add_argument(
+        "--measure", help="fsam_fig4: the sharpness label (default: the perturbation_robustness row)"
+    )
+    figure.add_argument(
+        "--samples", type=int, default=2, help="flatbnn_fig1: models sampled per run (default 2)"
+    )
+    figure.add_argument(
+        "--grid", type=int, default=11, help="flatbnn_fig1: points per axis, odd (default 11)"
+    )
+    figure.add_argument(
+        "--span", type=float, default=1.0, help="flatbnn_fig1: coordinates in [-span, span] (default 1)"
+    )
+    figure.add_argument(
+        "--subset", type=int, default=256, help="flatbnn_fig1: training examples of the loss (default 256)"
+    )
+    figure.add_argument(
+        "--seed", type=int, default=0, help="flatbnn_fig1: seed of the posterior samples (default 0)"
+    )
+    figure.add_argument(
+        "--direction-seed",
+        type=int,
+        default=0,
+        help="flatbnn_fig1: seed of the random directions (default 0)",
+    )
+    figure.add_argument("--device", default="cpu", help="flatbnn_fig1: cpu, cuda, auto (default cpu)")
+    figure.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_debug_option(figure)
+    figure.intermixed = "runs"
     return parser
 
 
@@ -285,6 +340,49 @@ def _table(args: Any) -> int:
     return 0
 
 
+def _figure(args: Any) -> int:
+    runs = list(args.runs) + list(args.more_runs or [])
+    if not runs:
+        raise UsageError("no run directories given", "give RUN_DIR ... or --runs DIR")
+    for path in runs:
+        check_path(
+            path,
+            "RUN_DIR",
+            "any",
+            read=True,
+            missing_fix=f"give run directories written by `{args.prog} run`",
+        )
+    check_path(args.out, "--out", "directory")
+    if args.name == "fsam_fig4":
+        options: dict[str, Any] = {"measure": args.measure}
+    elif args.name == "flatbnn_fig2":
+        options = {"predictive": args.predictive}
+    else:
+        try:
+            device = resolve_device(args.device)
+        except ValueError as exc:
+            raise UsageError(str(exc), "give --device cpu, cuda or auto") from None
+        options = dict(
+            samples=args.samples,
+            grid=args.grid,
+            span=args.span,
+            subset=args.subset,
+            seed=args.seed,
+            direction_seed=args.direction_seed,
+            device=device,
+            progress=not args.no_progress,
+        )
+    try:
+        png, js = make_figure(args.name, runs, args.out, **options)
+    except ValueError as exc:
+        what, _, fix = str(exc).partition(" — ")
+        raise UsageError(
+            what, fix or "see the figure's requirements: python -m experiments figure --help"
+        ) from None
+    note(f"figure written to {png} (numbers and configuration in {js})")
+    return 0
+
+
 def _main(argv: list[str], prog: str = "python -m experiments") -> int:
     parser = _parser(prog)
     args = parser.parse_args(argv)
@@ -293,8 +391,10 @@ def _main(argv: list[str], prog: str = "python -m experiments") -> int:
         return _run(args)
     if args.command == "table":
         return _table(args)
+    if args.command == "figure":
+        return _figure(args)
     parser.print_help()
-    print("error: no command given — choose one of: run, table", file=sys.stderr)
+    print("error: no command given — choose one of: run, table, figure", file=sys.stderr)
     return 2
 
 

@@ -123,6 +123,7 @@ DEFAULTS: dict[str, Any] = {
         "sharpness": ["lambda_max", "hessian_trace", "worst_case_adaptive"],
         "sharpness_subset": 512,
         "sharpness_options": {},
+        "save_predictions": False,  # the test probabilities of each evaluation -> predictions.npz
     },
     "distributed": {"mode": "grid", "perturbation": "global", "backend": "auto", "sync_batchnorm": False},
     "sweep": {},

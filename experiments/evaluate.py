@@ -57,6 +57,25 @@ def _evaluate(
     return metrics.evaluate(probs, y, probs_ood=probs_ood, n_bins=n_bins)
 
 
+def reliability_bins(probs: torch.Tensor, y: torch.Tensor, n_bins: int) -> dict[str, Any]:
+    """The equal-width reliability diagram of ``probs`` (:func:`landscape.metrics.calibration_curve`,
+    Guo et al. 2017 Sec. 2; 20 bins in the flat-BNN paper's Fig. 2) as lists: ``lower``, ``upper``,
+    ``confidence`` and ``accuracy`` (``None`` in an empty bin) and ``count`` per bin."""
+    curve = metrics.calibration_curve(probs, y, n_bins=n_bins)
+
+    def listed(t: torch.Tensor) -> list[float | None]:
+        return [None if v != v else float(v) for v in t.tolist()]  # NaN (empty bin) -> None
+
+    return {
+        "n_bins": n_bins,
+        "lower": listed(curve.lower),
+        "upper": listed(curve.upper),
+        "confidence": listed(curve.confidence),
+        "accuracy": listed(curve.accuracy),
+        "count": [int(c) for c in curve.count.tolist()],
+    }
+
+
 def sharpness_measures(cfg: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     """``(label, measure, options)`` of every sharpness measure the config names."""
     out = []
@@ -97,6 +116,9 @@ def _sharpness(
             "stderr": row.stderr,
             "options": opts,
             "seconds": row.seconds,
+            # the measure's curves and side numbers (e.g. perturbation_robustness's accuracy at
+            # every alpha, FSAM paper Fig. 4), kept for experiments.paper_figures
+            "extra": row.extra,
         }
     return {"subset": k, "rows": rows}
 
@@ -175,7 +197,11 @@ def evaluate_run(
     low-rank-plus-diagonal and over the diagonal posterior of the one run, ``bma_*`` being the first
     listed one's), ``c10c_*`` with CIFAR-10-C (from the model average when ``corruption_bma`` and the method
     has one) and ``sharpness_<measure>``. ``details`` holds every metric of every evaluation, the
-    CIFAR-10-C table per corruption and severity and the sharpness rows. SWAG's samples and SWA
+    CIFAR-10-C table per corruption and severity, the sharpness rows (with each measure's ``extra``:
+    curves such as ``perturbation_robustness``'s), ``reliability`` (the ``n_bins`` reliability
+    diagram of the test predictions of ``point``, ``swa`` and ``bma``: :func:`reliability_bins`) and,
+    with ``evaluation.save_predictions``, ``predictions`` (those test probabilities and ``labels``,
+    which the runner moves to ``predictions.npz``). SWAG's samples and SWA
     solution get BatchNorm statistics recomputed on the training inputs.
 
     The model average (``bma_*``) of a method with an ``mc_dropout`` table is the MC-Dropout
@@ -197,11 +223,19 @@ def evaluate_run(
     bn = _Batches(data.x_train, bs, device, dtype) if has_batchnorm(model) else None
     details: dict[str, Any] = {}
 
-    def scored(probs: dict[str, torch.Tensor], what: str) -> dict[str, Any]:
-        return _evaluate(probs["test"], data.y_test, probs.get("ood"), e["n_bins"], what)
+    reliability: dict[str, Any] = {}
+    predictions: dict[str, torch.Tensor] = {}
+
+    def scored(probs: dict[str, torch.Tensor], what: str, key: str = "") -> dict[str, Any]:
+        out = _evaluate(probs["test"], data.y_test, probs.get("ood"), e["n_bins"], what)
+        if key:  # the reliability diagram (always, a few numbers) and the probabilities (on request)
+            reliability[key] = reliability_bins(probs["test"], data.y_test, e["n_bins"])
+            if e.get("save_predictions", False):
+                predictions[key] = probs["test"].detach().cpu()
+        return out
 
     point = {k: predict_probs(model, get(), bs, device) for k, get in sets.items()}
-    details["point"] = scored(point, "point prediction")
+    details["point"] = scored(point, "point prediction", "point")
     unknown = [k for k in e["metrics"] if k not in details["point"]]
     if unknown:
         raise ValueError(
@@ -211,7 +245,7 @@ def evaluate_run(
     if isinstance(opt, SWAG) and opt.n_collected > 0:
         with opt.swa(model=model, bn_data=bn):
             details["swa"] = scored(
-                {k: predict_probs(model, get(), bs, device) for k, get in sets.items()}, "SWA solution"
+                {k: predict_probs(model, get(), bs, device) for k, get in sets.items()}, "SWA solution", "swa"
             )
         metrics.update({f"swa_{k}": details["swa"][k] for k in keys})
     samples = swag["samples"] if swag else e["bma_samples"]
@@ -253,7 +287,7 @@ def evaluate_run(
         except ValueError as exc:  # e.g. no stored samples to average yet
             details["bma_skipped"] = str(exc)
     if bma:
-        details["bma"] = scored(bma, "model average")
+        details["bma"] = scored(bma, "model average", "bma")
         metrics.update({f"bma_{k}": details["bma"][k] for k in keys})
         for name in posteriors:  # swag.evaluate: SWAG and SWAG-Diag from the one run
             if name == posteriors[0]:
@@ -279,6 +313,9 @@ def evaluate_run(
             "limit": corruption_limit(float(cfg["budget"]), cfg["data"]["limit_test"]),
         }
         metrics.update(details["corruptions"]["summary"])
+    details["reliability"] = reliability
+    if predictions:  # the runner writes them to predictions.npz (not into results.json)
+        details["predictions"] = {**predictions, "labels": data.y_test.detach().cpu()}
     details["sharpness"] = _sharpness(model, data, cfg, device, progress)
     for label, row in details["sharpness"].get("rows", {}).items():
         metrics[f"sharpness_{label}"] = row["value"]

@@ -45,6 +45,7 @@ _LATER_KEYS = {
     "distributed": {"sync_batchnorm": False},
     "train": {"min_lr": 0.0, "divergence_factor": 10.0, "compile": "off"},
     "model": {"logits": "c", "checkpoint": "", "checkpoint_strict": True, "checkpoint_sha256": ""},
+    "evaluation": {"save_predictions": False},
 }
 #: keys of ``train`` that change no result (what is logged): never part of the hashed config
 _TRAIN_NOT_SEMANTIC = ("log_every",)

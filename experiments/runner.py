@@ -9,7 +9,9 @@ Each run has a directory ``<out_dir>/<name>/[<variant>/]<method>/seed<k>/`` hold
 * ``checkpoint.pt``, ``log.jsonl``, ``log.csv`` (and ``tensorboard/``) while and after training
   (a deep ensemble keeps them per member, in ``member<k>/``: :mod:`experiments.members`),
 * ``metrics.json`` (the flat row of the results table) and ``results.json`` (a :class:`RunResult`:
-  every metric, the CIFAR-10-C table, the sharpness rows, the history, the environment).
+  every metric, the CIFAR-10-C table, the sharpness rows and curves, the reliability diagrams, the
+  history, the environment),
+* ``predictions.npz`` (with ``evaluation.save_predictions = true``): the test probabilities.
 
 A run whose ``results.json`` records the same configuration (its fingerprint,
 :mod:`experiments.run_identity`) is skipped; one with a checkpoint
@@ -51,7 +53,7 @@ from experiments.toml_writer import dumps
 from experiments.train import Trainer, check_model
 from landscape.data import CIFAR10C_ALL_CORRUPTIONS
 from landscape.deprecation import moved_names
-from landscape.io import atomic_write_json, atomic_write_text, read_json
+from landscape.io import atomic_write, atomic_write_json, atomic_write_text, read_json
 from landscape.models import available_models, model_factory
 from landscape.results import Result
 
@@ -398,10 +400,26 @@ def save_run(
         status="completed" if diverged is None else "diverged",
         divergence={} if diverged is None else diverged.to_dict(),
     )
+    predictions = details.pop("predictions", None)
+    if predictions:  # evaluation.save_predictions: before results.json, which marks the run done
+        save_predictions(run.run_dir / "predictions.npz", predictions)
     ids = {"method": run.method, "seed": run.seed, "variant": run.variant}
     row = {**ids, **metrics} if diverged is None else {**ids, "status": "diverged"}  # nothing to average
     atomic_write_json(run.run_dir / "metrics.json", row)
     result.save(run.run_dir / "results.json")
+
+
+def save_predictions(path: Path, predictions: dict[str, torch.Tensor]) -> None:
+    """``predictions.npz`` (``evaluation.save_predictions``): the test probabilities of each
+    evaluation (``point``, ``swa``, ``bma``: ``[n_test, classes]`` float64) and the test ``labels``,
+    written atomically; read it with ``numpy.load(path, allow_pickle=False)``."""
+    arrays = {k: v.detach().cpu().numpy() for k, v in predictions.items()}
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: numpy adds no ".npz" to the temporary name
+            np.savez(f, **arrays)
+
+    atomic_write(path, write)
 
 
 def _state_at_end(trainer: Any) -> Any:

@@ -12,6 +12,9 @@ Each command is one of the packages' own command lines, which keep working as ``
 | `surface` | `python -m landscape surface ...` |
 | `dashboard` | `streamlit run app/Home.py` on 127.0.0.1 (:mod:`sharpscape.dashboard`) |
 
+``sharpscape figures NAME --runs DIR --out OUT`` with a NAME of :data:`RUN_FIGURES` (a figure from
+trained runs) is ``python -m experiments figure NAME --runs DIR --out OUT``.
+
 Each package's parser is built with ``prog="sharpscape"`` (``"sharpscape study"``), so usage and
 error messages name ``sharpscape run``, ``sharpscape study report``, ... . The command's module is
 imported only when the command runs: ``sharpscape --help`` and ``sharpscape dashboard`` do not
@@ -25,7 +28,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-__all__ = ["COMMANDS", "PROG", "help_text", "main"]
+__all__ = ["COMMANDS", "PROG", "RUN_FIGURES", "help_text", "main"]
 
 PROG = "sharpscape"
 
@@ -47,6 +50,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "dashboard": ("sharpscape.dashboard", (), "start the Streamlit dashboard on this machine (127.0.0.1)"),
 }
+
+
+#: the figures made from run directories (``experiments.paper_figures``), which ``figures NAME``
+#: hands to ``python -m experiments figure`` (listed here so that dispatching imports nothing)
+RUN_FIGURES = ("fsam_fig4", "flatbnn_fig1", "flatbnn_fig2")
 
 
 def help_text(prog: str = PROG) -> str:
@@ -99,6 +107,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             f"unknown {kind} {name!r}", f"choose one of: {', '.join(COMMANDS)} (see `{prog} --help`)"
         )
     module_name, before, _ = COMMANDS[name]
+    if name == "figures" and rest[:1] and rest[0] in RUN_FIGURES:  # a figure from trained runs
+        module_name, before = "experiments.cli", ("figure",)
     try:  # imported only now, on purpose: --help and the dashboard import no torch (module docstring)
         module = importlib.import_module(module_name)
     except ImportError as exc:
