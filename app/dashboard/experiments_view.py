@@ -299,7 +299,7 @@ def run_probs(run_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor, dict[str
     seed = row["seed"]
     data = prepare_data(cfg, seed)
     cpu = torch.device("cpu")
-    model = build_model(cfg, seed, param_dtype(cfg["precision"]), cpu)
+    model = build_model(cfg, seed, param_dtype(cfg["precision"]), cpu, initial_weights=False)
     blob = read_checkpoint(ckpt)
     model.load_state_dict(blob["model"])
     probs = predict_probs(model, data.x_test, int(cfg["evaluation"]["batch_size"]), cpu)
