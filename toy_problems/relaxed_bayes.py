@@ -275,7 +275,7 @@ def gaussian_vi_fixed_point(
     hist: list[float] = []
     converged = False
     it = 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 (the count is returned)
         e, g, H = expected_grad_hess(m, S)
         hist.append(e + gaussian_kl(m, S, np.zeros_like(m), prior_cov))
         new_Lam = P0 + H
@@ -310,7 +310,8 @@ def relaxed_bayes_fixed_point(
     The Bayesian learning rule of App. F.3 (eq. 34) with step 1, ``lambda_q <- lambda_0 +
     grad f**(mu_q)``, the gradient from :func:`relaxed_expected_loss`'s LP dual (the paper obtains it
     by CVXPY from tangent planes, eq. 32-33). With step 1 this is the DC algorithm for the
-    difference-of-convex form of Sec. 2.2 (Tao & An 1997), so ``history`` never increases. Stops when
+    difference-of-convex form of Sec. 2.2 (Tao & An 1997), whose objective does not increase from one
+    iteration to the next (``history`` records the relaxed objective after each). Stops when
     the natural parameters stop changing (``tol``) or after ``max_iter`` iterations."""
     P0 = np.linalg.inv(prior_cov)
     d = P0.shape[0]
@@ -319,7 +320,7 @@ def relaxed_bayes_fixed_point(
     converged = False
     it = 0
     prev = None
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 (the count is returned)
         r = relaxed_expected_loss(theta, loss_values, m, S, convex_loss=True)
         hist.append(r.value + gaussian_kl(m, S, np.zeros(d), prior_cov))
         # lambda_q = lambda_0 + grad f** = lambda_0 - grad(-f**):  -S^-1/2 = -P0/2 - G2,  S^-1 m = -g1
