@@ -12,15 +12,23 @@ Figures (name -> what):
 * ``fsam_fig3``: Fisher SAM Fig. 3, ASAM (its own radius) vs FSAM from a start with mu near 0.
 * ``vsam_fig1``: VSAM Fig. 1 A-D at rho = 8 (loss, Gaussian-smoothed, worst case in the ball, SAM's
   first-order objective) with basin areas.
+* ``bsam_fig1``: bSAM Fig. 1, SAM's max-loss vs the expected loss on a 1-D loss (a), the relaxation
+  ``-f**`` vs the expected loss at three sigmas (b).
+* ``bsam_fig2``: bSAM Fig. 2, the dual spaces (a) and ``f`` vs its biconjugate ``f**`` over ``mu`` (b)
+  and over ``(m, sigma)`` (c).
 * ``bsam_fig3``: bSAM Fig. 3, predictive maps (exact, SAM, SAM + Laplace, bSAM) on logistic regression.
-* ``bsam_fig5``: bSAM Fig. 5, posterior contours (exact density, MAP, SAM, SAM + Laplace, bSAM).
+* ``bsam_fig5``: bSAM Fig. 5, data with decision boundaries of the MAP and of exact-posterior samples,
+  the exact density with the samples, posterior contours (exact density, MAP, SAM, SAM + Laplace,
+  bSAM).
 * ``bsam_fig6``: bSAM Fig. 6, two moons predictive uncertainty (SAM, bSAM, SAM + Laplace).
+* ``bsam_fig7``: bSAM Fig. 7, full-covariance Gaussians of the Bayes objective and of its relaxation
+  against the exact posterior (logistic regression).
 
 ``resolution`` is the grid size of every map; below 100 the figures run in *reduced* mode (fewer
 quadrature nodes, fewer epochs for two moons) so that the test suite can run them.
 
 Modules: ``common`` (plotting and saving helpers), ``fisher_sam`` (Fisher SAM Fig. 1-3), ``vsam``
-(VSAM Fig. 1), ``bsam`` (bSAM Fig. 3, 5 and 6).
+(VSAM Fig. 1), ``bsam`` (bSAM Fig. 3, 5 and 6), ``bsam_relaxation`` (bSAM Fig. 1, 2 and 7).
 """
 
 from __future__ import annotations
@@ -38,6 +46,13 @@ from toy_problems.figures.bsam import (
     logistic_results,
     moons_results,
 )
+from toy_problems.figures.bsam_relaxation import (
+    FIG7_SETTINGS,
+    RELAXATION_SETTINGS,
+    bsam_fig1,
+    bsam_fig2,
+    bsam_fig7,
+)
 from toy_problems.figures.common import REDUCED_BELOW, save_json
 from toy_problems.figures.fisher_sam import (
     FSAM_SETTINGS,
@@ -53,6 +68,8 @@ __all__ = [
     "make_figures",
     "FSAM_SETTINGS",
     "LOGREG_SETTINGS",
+    "RELAXATION_SETTINGS",
+    "FIG7_SETTINGS",
     "MOONS_SETTINGS",
     "VSAM_RHO",
     "VSAM_BOUNDS",
@@ -64,9 +81,12 @@ __all__ = [
     "fsam_fig2_small_gamma",
     "fsam_fig3",
     "vsam_fig1",
+    "bsam_fig1",
+    "bsam_fig2",
     "bsam_fig3",
     "bsam_fig5",
     "bsam_fig6",
+    "bsam_fig7",
 ]
 
 FIGURES: dict[str, Callable[[Path, int], dict]] = {
@@ -75,9 +95,12 @@ FIGURES: dict[str, Callable[[Path, int], dict]] = {
     "fsam_fig2_small_gamma": fsam_fig2_small_gamma,
     "fsam_fig3": fsam_fig3,
     "vsam_fig1": vsam_fig1,
+    "bsam_fig1": bsam_fig1,
+    "bsam_fig2": bsam_fig2,
     "bsam_fig3": bsam_fig3,
     "bsam_fig5": bsam_fig5,
     "bsam_fig6": bsam_fig6,
+    "bsam_fig7": bsam_fig7,
 }
 
 

@@ -32,6 +32,8 @@ __all__ = [
     "bsam_fig3",
     "bsam_fig5",
     "bsam_fig6",
+    "FIG5_SAMPLES",
+    "exact_posterior_samples",
 ]
 
 #: bSAM Fig. 3/5 on logistic regression (full batch; the paper gives no toy settings).
@@ -215,31 +217,81 @@ def bsam_fig3(out: Path, resolution: int) -> dict:
     return _logistic_numbers(R)
 
 
+#: bSAM Fig. 5 (App. F.1): how many exact-posterior samples the left and middle panels show, and their seed.
+FIG5_SAMPLES = {"n": 8, "seed": 0}
+
+
+def exact_posterior_samples(post, n: int, seed: int) -> torch.Tensor:
+    """``n`` weights drawn from the grid posterior ``post`` (a grid cell with probability
+    ``density * step^2``, then uniformly inside the cell), ``[n, 2]``; ``torch.Generator`` seeded by
+    ``seed``."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    g = torch.Generator().manual_seed(int(seed))
+    p = (post.density.double() * post.step**2).reshape(-1)
+    idx = torch.multinomial(p / p.sum(), n, replacement=True, generator=g)
+    W = post.grid.double().reshape(-1, 2)[idx]
+    jitter = (torch.rand(n, 2, generator=g, dtype=torch.float64) - 0.5) * post.step
+    return W + jitter
+
+
 def bsam_fig5(out: Path, resolution: int) -> dict:
+    """bSAM Fig. 5, all three panels: (a) the data with the decision boundaries ``w^T x = 0`` of the
+    MAP and of exact-posterior samples, (b) the exact density with the MAP (cross) and the samples
+    (triangles), (c) SAM, SAM + Laplace and bSAM against the exact posterior."""
     plt = pyplot()
     R = logistic_results(resolution)
     post = R["post"]
-    fig, ax = plt.subplots(figsize=(6, 5))
-    ax.contourf(post.xs, post.ys, post.density.numpy(), levels=20, cmap="Greys")
-    ax.plot(*post.map.tolist(), "x", color=method_color("MAP"), ms=10, mew=2, label="MAP", zorder=5)
+    prob = R["prob"]
+    X, y = prob.data
+    samples = exact_posterior_samples(post, FIG5_SAMPLES["n"], FIG5_SAMPLES["seed"])
+    fig, (a, b, ax) = plt.subplots(1, 3, figsize=(18, 5))
+    a.scatter(X[:, 0], X[:, 1], c=np.where(y.numpy() > 0.5, "red", "blue"), s=14, edgecolors="k", lw=0.4)
+    (x0, x1), (y0, y1) = prob.x_bounds
+    xx = np.linspace(x0, x1, 2)
+
+    def boundary(w, **kw):  # w1 x1 + w2 x2 = 0  ->  x2 = -w1 x1 / w2
+        w = np.asarray(w, dtype=float)
+        a.plot(xx, -w[0] * xx / w[1], **kw)
+
+    for i, w in enumerate(samples.tolist()):
+        label = "exact-posterior samples" if i == 0 else None
+        boundary(w, color=method_color("SAM+Laplace"), lw=0.8, alpha=0.7, label=label)
+    boundary(post.map.tolist(), color=method_color("exact"), lw=2, label="MAP")
+    a.set_xlim(x0, x1)
+    a.set_ylim(y0, y1)
+    a.set_xlabel("x_1")
+    a.set_ylabel("x_2")
+    a.legend(fontsize=7, loc="lower right")
+    a.set_title("(a) data and decision boundaries w^T x = 0", fontsize=9)
+    for axis in (b, ax):
+        axis.contourf(post.xs, post.ys, post.density.numpy(), levels=20, cmap="Greys")
+        axis.plot(*post.map.tolist(), "x", color=method_color("MAP"), ms=10, mew=2, label="MAP", zorder=5)
+        axis.set_xlim(-1, 6)
+        axis.set_ylim(-1.5, 3.5)
+        axis.set_xlabel("w_1")
+    b.plot(samples[:, 0], samples[:, 1], "^", color=method_color("SAM+Laplace"), label="samples")
+    b.set_ylabel("w_2")
+    b.legend(fontsize=7, loc="upper left")
+    b.set_title("(b) exact posterior density (grid), MAP and samples", fontsize=9)
     ax.plot(*R["w_sam"].tolist(), "o", color=method_color("SAM"), label="SAM")
     e = R["gauss"]["SAM+Laplace"].ellipse(2.0).numpy()
     ax.plot(e[:, 0], e[:, 1], "--", color=method_color("SAM+Laplace"), label="SAM+Laplace (2 sd)")
     e = R["gauss"]["bSAM"].ellipse(2.0).numpy()
     ax.plot(e[:, 0], e[:, 1], "-", color=method_color("bSAM"), label="bSAM (2 sd)")
     ax.plot(*R["gauss"]["bSAM"].mean.tolist(), "^", color=method_color("bSAM"))
-    m, c = post.mean.numpy(), post.cov.numpy()
+    m = post.mean.numpy()
     e = Gaussian(post.mean, post.cov).ellipse(2.0).numpy()
     ax.plot(e[:, 0], e[:, 1], ":", color=method_color("exact"), label="exact mean/cov (2 sd)")
-    ax.set_xlim(-1, 6)
-    ax.set_ylim(-1.5, 3.5)
-    ax.set_xlabel("w_1")
-    ax.set_ylabel("w_2")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # outside
-    ax.set_title(f"bSAM Fig. 5: exact posterior (grey), mean {np.round(m, 2)}", fontsize=9)
-    del c
+    ax.set_title(f"(c) SAM, SAM+Laplace, bSAM; exact mean {np.round(m, 2)}", fontsize=9)
+    fig.suptitle(
+        "bSAM Fig. 5 (App. F.1): logistic regression, exact posterior by grid integration", fontsize=9
+    )
     save_png(fig, out / "bsam_fig5.png")
-    return _logistic_numbers(R)
+    numbers = _logistic_numbers(R)
+    numbers["exact_posterior_samples"] = {**FIG5_SAMPLES, "weights": samples.tolist()}
+    return numbers
 
 
 # ------------------------------------------------------------------------------------------------
