@@ -11,8 +11,9 @@ norm) shortcut where the shape changes; global average pooling; a linear head. C
 no bias.
 
 * ResNeXt-29 32x4d: **4,775,754** parameters for 10 classes, 4,868,004 for 100;
-* the same code gives ResNeXt-29 8x64d 34,426,698 and 16x64d 68,155,210 parameters (10 classes),
-  Xie et al. 2017, Table 7's 34.4M and 68.1M.
+* the same code gives ResNeXt-29 8x64d 34,426,698 and 16x64d 68,155,210 parameters (10 classes);
+  without the BatchNorm scales and shifts 34,369,226 and 68,054,730: Xie et al. 2017, Table 7's
+  34.4M and 68.1M (their counts leave BatchNorm out, as Han et al.'s PyramidNet table).
 
 kuangliu/pytorch-cifar's ``ResNeXt29_32x4d`` differs only in a 1x1 stem (1,536 parameters fewer:
 4,774,218). Differences from the reference: ``dropout=p`` puts dropout before the head; ``norm``

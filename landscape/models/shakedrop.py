@@ -73,11 +73,12 @@ class ShakeDrop(nn.Module):
         if not self.training:
             return self.p * x
         shape = (x.shape[0],) + (1,) * (x.ndim - 1)  # one draw per example
-        keep = (torch.rand(shape, generator=self.generator, device=x.device) < self.p).to(x.dtype)
+        keep = torch.rand(shape, generator=self.generator, device=x.device) < self.p
         alpha = self._uniform(shape, self.alpha_range, x)
         beta = self._uniform(shape, self.beta_range, x)
-        forward_factor = keep + alpha - keep * alpha
-        backward_factor = keep + beta - keep * beta
+        one = torch.ones((), dtype=x.dtype, device=x.device)
+        forward_factor = torch.where(keep, one, alpha)  # b + alpha - b alpha, exactly 1 when kept
+        backward_factor = torch.where(keep, one, beta)
         return x * backward_factor + (x * (forward_factor - backward_factor)).detach()
 
     def extra_repr(self) -> str:

@@ -16,10 +16,10 @@ class token (Eq. 4). LayerNorm eps 1e-6 as in the reference code.
 * ``deit-b``: the same body (DeiT-B is ViT-B/16 trained with the DeiT recipe;
   facebookresearch/deit ``deit_base_patch16_224``, 86.6M). Fisher-SAM's Table 2 starts from 81.94%
   top-1, the non-distilled DeiT-B's accuracy (the distilled one reaches 83.4%), so no distillation
-  token. It differs from ``vit-b16`` only in initialisation: truncated normal (std 0.02) weights
-  for every linear layer as in timm/DeiT, where ``vit-b16`` follows torchvision (Xavier-uniform
-  QKV and MLP weights, a ``N(0, 1/fan_in)`` patch embedding, zero head). Position embeddings are
-  truncated-normal (std 0.02) in both.
+  token. It differs from ``vit-b16`` only in initialisation: timm/DeiT's
+  ``trunc_normal_(std=0.02)`` weights for every linear layer (cut at +-2, so effectively normal),
+  where ``vit-b16`` follows torchvision (Xavier-uniform QKV and MLP weights, a ``N(0, 1/fan_in)``
+  patch embedding, zero head). Position embeddings are ``N(0, 0.02^2)`` in both.
 
 ``dropout`` acts after the embeddings, after the attention projection and after both MLP layers
 (the ViT paper's dropout placement; 0 for fine-tuning, as both papers). Inputs must be
@@ -142,7 +142,8 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(block.attn.proj.bias)  # out_proj: default weight, zero bias
             for lin in (block.mlp[0], block.mlp[3]):
                 nn.init.xavier_uniform_(lin.weight)
-                nn.init.normal_(lin.bias, std=1e-6)
+                # N(0, 1e-6^2) (trunc_normal_: normal_ on the meta device costs seconds of imports)
+                nn.init.trunc_normal_(lin.bias, std=1e-6)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
