@@ -21,6 +21,8 @@ from landscape.models.resnext import ResNeXt
 from landscape.models.shakedrop import ShakeDrop, linear_decay_survival
 from landscape.models.vit import SelfAttention, VisionTransformer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: big convolutions, no oversubscription
+
 CIFAR_NETS = ("resnet10", "densenet121", "vgg19-bn", "resnext29-32x4d", "pyramidnet272")
 IMAGENET_NETS = ("resnet152-imagenet", "densenet161-imagenet", "vit-b16", "deit-b")
 
