@@ -8,9 +8,14 @@ take ``norm`` and ``dropout``; see each class for where dropout acts):
 * ``lenet5``, ``lenet5-digits`` (8x8 inputs), ``lenet5-bsam``;
 * ``resnet`` (the generic small :class:`ResNet`), ``resnet20``, ``resnet32``, ``resnet44``,
   ``resnet56``, ``resnet110`` (He et al.'s CIFAR ResNets, option-A shortcuts), ``resnet20-frn``
-  (bSAM's), ``resnet18``, ``resnet34`` (CIFAR stem);
+  (bSAM's), ``resnet10``, ``resnet18``, ``resnet34`` (CIFAR stem);
 * ``wrn`` (``depth``, ``widen_factor``), ``wrn16-4``, ``wrn28-2``, ``wrn28-10``;
 * ``preresnet`` (``depth``), ``preresnet110``, ``preresnet164``;
+* CIFAR nets of Fisher-SAM Table 1: ``densenet121``, ``vgg19-bn``, ``resnext29-32x4d``,
+  ``pyramidnet272`` (alpha 200, bottleneck, ShakeDrop; ``shakedrop=False`` turns it off);
+* ImageNet-size nets (224x224, 1000 classes by default; ``vit-b16`` and ``deit-b`` take no
+  ``norm``): ``resnet152-imagenet``, ``densenet161-imagenet`` (flat-BNN Table 4), ``vit-b16``
+  (Fisher-SAM Table 3), ``deit-b`` (Fisher-SAM Table 2);
 * ``hf-classifier`` (``path``: a local Hugging Face checkpoint directory, ``num_classes``,
   ``attn_implementation``): :mod:`landscape.models.text`, for the int64 ``[N, 3, L]`` token inputs
   of the ``boolq`` / ``wic`` / ``rte`` data; its module (and transformers) is imported on first use.
@@ -25,10 +30,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from landscape.models.densenet import densenet121_cifar, densenet161_imagenet
 from landscape.models.lenet import LeNet5, LeNet5BSAM
 from landscape.models.mlp import MLP, mlp_mnist
 from landscape.models.preresnet import PreResNet
+from landscape.models.pyramidnet import PyramidNet
 from landscape.models.resnet import ResNet, cifar_resnet, resnet_cifar_imagenet_layout
+from landscape.models.resnet_imagenet import resnet_imagenet
+from landscape.models.resnext import ResNeXt
+from landscape.models.vgg import VGG
+from landscape.models.vit import deit_b, vit_b16
 from landscape.models.wide_resnet import WideResNet
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {}
@@ -73,6 +84,16 @@ for _d, _k in ((16, 4), (28, 2), (28, 10)):
 register_model("preresnet")(PreResNet)
 register_model("preresnet110")(_with(PreResNet, depth=110))
 register_model("preresnet164")(_with(PreResNet, depth=164))
+# the papers' remaining networks (Fisher-SAM Tables 1-3, flat-seeking BNNs Tables 3-4)
+register_model("resnet10")(_with(resnet_cifar_imagenet_layout, depth=10))
+register_model("densenet121")(densenet121_cifar)
+register_model("vgg19-bn")(_with(VGG, depth=19))
+register_model("resnext29-32x4d")(_with(ResNeXt, depth=29, cardinality=32, width=4))
+register_model("pyramidnet272")(_with(PyramidNet, depth=272, alpha=200, bottleneck=True))
+register_model("resnet152-imagenet")(_with(resnet_imagenet, depth=152))
+register_model("densenet161-imagenet")(densenet161_imagenet)
+register_model("vit-b16")(vit_b16)
+register_model("deit-b")(deit_b)
 
 
 @register_model("hf-classifier")

@@ -11,6 +11,9 @@ for image recognition"), CIFAR style: a 3x3 stem without max-pool, stages of
 * ResNet-18 / ResNet-34 in the CIFAR form common in SAM papers: 3x3 stem with 64 filters and no
   max-pool, stages 64-128-256-512 with (2, 2, 2, 2) / (3, 4, 6, 3) blocks and projection
   shortcuts: 11,173,962 / 21,282,122 parameters for 10 classes.
+* ResNet-10 of the flat-seeking BNN paper (Nguyen et al. 2023, Table 3, beside ResNet-18): the
+  same CIFAR layout with one basic block per stage, (1, 1, 1, 1): 4,903,242 parameters for 10
+  classes, 4,949,412 for 100.
 * ResNet-20-FRN of the bSAM code (Möllenhoff & Khan 2023, after Izmailov et al. 2021): biased
   convolutions, FRN + TLU after every convolution (projection shortcuts included) and no other
   activation: ``cifar_resnet(20, norm="frn", shortcut="B", bias=True, activation="identity")``,
@@ -193,7 +196,7 @@ def cifar_resnet(
                   dropout=dropout, bias=bias, activation=activation)  # fmt: skip
 
 
-_IMAGENET_STYLE = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
+_IMAGENET_STYLE = {10: (1, 1, 1, 1), 18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 
 
 def resnet_cifar_imagenet_layout(
@@ -204,8 +207,9 @@ def resnet_cifar_imagenet_layout(
     norm: str = "batch",
     dropout: float = 0.0,
 ) -> ResNet:
-    """ResNet-18 / ResNet-34 (He et al. 2016, Table 1 stage layout) adapted to 32x32 inputs: a 3x3
-    stem with 64 filters, no max-pool, projection shortcuts."""
+    """ResNet-10 / ResNet-18 / ResNet-34 (He et al. 2016, Table 1 stage layout; ResNet-10 has one
+    block per stage) adapted to 32x32 inputs: a 3x3 stem with 64 filters, no max-pool, projection
+    shortcuts."""
     if depth not in _IMAGENET_STYLE:
         raise ValueError(f"depth must be one of {sorted(_IMAGENET_STYLE)}, got {depth!r}")
     return ResNet(in_channels, num_classes, 64, _IMAGENET_STYLE[depth], shortcut="B", norm=norm,
