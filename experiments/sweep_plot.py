@@ -152,6 +152,8 @@ def sweep_figure(
     else:
         fig = _heatmap_figure(plt, layout, metrics, error, record)
     caption = ERROR_LABELS[error] if layout["kind"] == "line" else _heat_caption(error)
+    if layout["kind"] == "heatmap" and record["unswept"]:
+        caption += f"; not swept (numbers in the JSON): {', '.join(record['unswept'])}"
     fig.text(0.5, 0.005, caption, ha="center", va="bottom", fontsize=8, color="0.3")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return fig, record
@@ -258,7 +260,7 @@ def _heatmap_figure(
                     elif not math.isfinite(mean):
                         text = "diverged" if e.get("n", 0) == 0 and e.get("diverged") else "–"
                     else:
-                        text = f"{mean:.3g}" + (f"\n±{err:.1g}" if math.isfinite(err) else "")
+                        text = f"{mean:.4g}" + (f"\n±{err:.1g}" if math.isfinite(err) else "")
                     light = e is not None and math.isfinite(mean) and float(image.norm(mean)) > 0.6
                     color = "k" if light or e is None else "w"
                     ax.text(b, a, text, ha="center", va="center", fontsize=7, color=color)

@@ -1,10 +1,14 @@
 """Results tables: mean and standard deviation over seeds of every metric, per method (and sweep
 variant), as Markdown, CSV or JSON, next to the paper's numbers when the config has a ``[paper]``
-table, and a bar chart with error bars.
+table, and a figure: a bar chart with error bars, or the sensitivity plot of a sweep
+(:mod:`experiments.sweep_plot`: lines for one swept key, a heat map for two), its numbers in JSON
+beside it.
 
 The standard deviation is the sample standard deviation over seeds (``numpy.std(ddof=1)``, the
 ``n - 1`` denominator); with one seed it is undefined: the Markdown cell is the mean alone, the CSV
-cell is empty and JSON has ``NaN``.
+cell is empty and JSON has ``NaN``. The standard error of the mean is ``std / sqrt(n)`` over the
+``n`` completed runs (G-TRACER's tables report it): ``stderr`` in JSON, ``<metric>_stderr`` in CSV,
+and ``mean ± std (se stderr)`` in Markdown with ``stderr=True`` (``table --stderr``).
 
 Grouping rule (:func:`group_runs`): runs are pooled under one row only when they share the
 variant, the method and every result-relevant key of their ``config.toml`` except the seed
@@ -176,7 +180,9 @@ def _label_keys(flats: list[dict[str, str]], keys: list[str]) -> list[str]:
 def group_runs(rows: list[dict[str, Any]], *, strict: bool = False) -> list[dict[str, Any]]:
     """The rows in groups by the grouping rule of the module docstring, in first-seen order.
 
-    Each group: ``group`` (the label), ``base`` (``method`` or ``variant/method``), ``settings``
+    Each group: ``group`` (the label), ``base`` (``method`` or ``variant/method``), ``method``,
+    ``swept`` (the dotted keys in which the settings of the groups of its method differ, with this
+    group's values: its point of a sweep; ``{}`` for a method with one setting), ``settings``
     (the label's keys and values), ``differing`` (every key in which the runs of ``base`` differ),
     ``config`` (whether the runs' settings were compared), ``rows`` (one per seed) and
     ``duplicates`` (``{"seed", "dirs"}``: runs of one seed and setting; the first is kept).
@@ -317,10 +323,12 @@ def aggregate(
     rows: list[dict[str, Any]], metrics: Sequence[str] | None = None, *, strict: bool = False
 ) -> list[dict[str, Any]]:
     """One entry per group of :func:`group_runs` (first-seen order): ``group``, ``base``,
-    ``settings``, ``differing``, ``config``, ``duplicates``; ``n`` and ``seeds`` of the completed
+    ``method``, ``swept`` (the group's point of a sweep, see :func:`group_runs`), ``settings``,
+    ``differing``, ``config``, ``duplicates``; ``n`` and ``seeds`` of the completed
     runs averaged; ``runs`` (all runs of the group), ``diverged`` (how many of them diverged),
     ``diverged_runs`` (``dir``, ``seed``, ``step``, ``epoch``, ``loss``, ``reference_loss``,
-    ``reason``), ``dirs``; ``mean`` / ``std`` (ddof=1) / ``values`` per metric over the completed
+    ``reason``), ``dirs``; ``mean`` / ``std`` (ddof=1) / ``stderr`` (std / sqrt(n)) / ``values`` per
+    metric over the completed
     runs (nan without any; a value is ``None`` where the run has no such metric, and NaN / +-inf
     where it has a non-finite one, which makes the mean non-finite too); ``nonfinite``: metric ->
     the runs (``seed``, ``dir``, ``value``) whose value is non-finite; ``missing``: metric -> the
