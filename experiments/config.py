@@ -278,6 +278,31 @@ def _child(node: Any, part: str, path: list[str], text: str, create: bool) -> An
     return node[part]
 
 
+def sweep_method(key: str, methods: Sequence[Mapping[str, Any]]) -> str | None:
+    """The name of the one method a sweep key addresses (``methods.sam.hyperparameters.rho`` ->
+    ``"sam"``; ``methods.1.epochs`` -> the second method's name), or ``None`` for a key of the whole
+    experiment (``data.label_noise``). A sweep over one method's key varies only that method: the
+    other methods run once per value of the other sweep keys (:func:`experiments.runner.plan_runs`).
+
+    Raises:
+        ConfigError: ``key`` addresses a method the config does not define.
+    """
+    parts = key.split(".")
+    if parts[0] != "methods" or len(parts) < 2:
+        return None
+    names = [str(m.get("name") or m.get("optimizer") or "") for m in methods]
+    part = parts[1]
+    if part.lstrip("-").isdigit() and -len(names) <= int(part) < len(names):
+        return names[int(part)]
+    if part in names:
+        return part
+    raise ConfigError(
+        f"sweep key {key!r} addresses method {part!r}, which the config does not define; its methods "
+        f"are {', '.join(map(repr, names)) or 'none'}: write methods.<one of those names>.<key> (e.g. "
+        "methods.sam.hyperparameters.rho) or methods.<index>.<key>"
+    )
+
+
 # ------------------------------------------------------------------------------------- checking
 def _close(key: str, known: Iterable[str]) -> str:
     match = difflib.get_close_matches(key, list(known), n=1)
@@ -455,31 +480,6 @@ def _check_numbers(cfg: dict[str, Any]) -> None:
         raise ConfigError('train.schedule = "step" needs train.milestones (epochs at which lr *= gamma)')
     if any(s not in (1, 2, 3, 4, 5) for s in e["severities"]):
         raise ConfigError(f"evaluation.severities must be among 1..5, got {e['severities']!r}")
-
-
-def sweep_method(key: str, methods: Sequence[Mapping[str, Any]]) -> str | None:
-    """The name of the one method a sweep key addresses (``methods.sam.hyperparameters.rho`` ->
-    ``"sam"``; ``methods.1.epochs`` -> the second method's name), or ``None`` for a key of the whole
-    experiment (``data.label_noise``). A sweep over one method's key varies only that method: the
-    other methods run once per value of the other sweep keys (:func:`experiments.runner.plan_runs`).
-
-    Raises:
-        ConfigError: ``key`` addresses a method the config does not define.
-    """
-    parts = key.split(".")
-    if parts[0] != "methods" or len(parts) < 2:
-        return None
-    names = [str(m.get("name") or m.get("optimizer") or "") for m in methods]
-    part = parts[1]
-    if part.lstrip("-").isdigit() and -len(names) <= int(part) < len(names):
-        return names[int(part)]
-    if part in names:
-        return part
-    raise ConfigError(
-        f"sweep key {key!r} addresses method {part!r}, which the config does not define; its methods "
-        f"are {', '.join(map(repr, names)) or 'none'}: write methods.<one of those names>.<key> (e.g. "
-        "methods.sam.hyperparameters.rho) or methods.<index>.<key>"
-    )
 
 
 def _check_sweep(cfg: dict[str, Any]) -> None:
