@@ -28,6 +28,7 @@ from experiments.estimate import device_name, estimate_runs, format_estimate
 from experiments.paper_figures import FIGURES, make_figure
 from experiments.parallel import from_environment
 from experiments.runner import plan_runs, resolve_device, run_one, validate
+from experiments.sweep_plot import numbers_path
 from experiments.table import aggregate, collect_runs, format_table, plot_table, write_text
 from experiments.toml_writer import dumps
 from landscape.cli_common import (
@@ -111,7 +112,18 @@ def _parser(prog: str = "python -m experiments") -> Parser:
         help="output format (default: markdown)",
     )
     table.add_argument("--out", help="write the table to this file (atomically) instead of stdout")
-    table.add_argument("--plot", help="also write a bar chart with error bars (.png, .pdf, .svg, ...)")
+    table.add_argument(
+        "--plot",
+        help="also write a figure (.png, .pdf, .svg, ...) and its numbers (NAME.plot.json beside it): the "
+        "metric against the swept value, one line per method, for a 1-D sweep; a heat map of the mean "
+        "per method for a 2-D sweep; otherwise a bar chart with error bars",
+    )
+    table.add_argument(
+        "--stderr",
+        action="store_true",
+        help="show the standard error (std / sqrt(n)) beside the std in Markdown cells and draw it as "
+        "the plot's error bars (CSV and JSON always have it)",
+    )
     table.add_argument("--metrics", help="comma-separated metrics to show (default: all)")
     table.add_argument(
         "--strict",
@@ -314,7 +326,11 @@ def _table(args: Any) -> int:
         what, _, fix = str(exc).partition(" — ")
         raise UsageError(what, fix or f"give run directories written by `{args.prog} run`") from None
     dirs = dict.fromkeys(r["_dir"] for r in rows)
-    check_outputs({"--out": args.out, "--plot": args.plot}, input_dirs=[("run directory", d) for d in dirs])
+    numbers = str(numbers_path(args.plot)) if args.plot else None
+    check_outputs(
+        {"--out": args.out, "--plot": args.plot, "--plot's numbers": numbers},
+        input_dirs=[("run directory", d) for d in dirs],
+    )
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     if metrics:
         known = {k for r in rows for k in r if not k.startswith("_")}
@@ -328,15 +344,15 @@ def _table(args: Any) -> int:
         entries = aggregate(rows, metrics, strict=args.strict)
     except ValueError as exc:
         raise UsageError(str(exc), "drop --strict to give each setting its own row") from None
-    text = format_table(entries, args.format)
+    text = format_table(entries, args.format, stderr=args.stderr)
     if args.out:
         write_text(args.out, text)
         note(f"table written to {args.out}")
     else:
         print(text, end="")
     if args.plot:
-        plot_table(entries, args.plot, metrics)
-        note(f"figure written to {args.plot}")
+        plot_table(entries, args.plot, metrics, error="stderr" if args.stderr else "std")
+        note(f"figure written to {args.plot}, its numbers to {numbers}")
     return 0
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "read_raw",
     "resolve_config",
     "set_key",
+    "sweep_method",
 ]
 
 #: the budget rule is :mod:`experiments.budget`'s: importable from here, with a warning, for one release
@@ -337,6 +338,31 @@ def _child(node: Any, part: str, path: list[str], text: str, create: bool) -> An
     return node[part]
 
 
+def sweep_method(key: str, methods: Sequence[Mapping[str, Any]]) -> str | None:
+    """The name of the one method a sweep key addresses (``methods.sam.hyperparameters.rho`` ->
+    ``"sam"``; ``methods.1.epochs`` -> the second method's name), or ``None`` for a key of the whole
+    experiment (``data.label_noise``). A sweep over one method's key varies only that method: the
+    other methods run once per value of the other sweep keys (:func:`experiments.runner.plan_runs`).
+
+    Raises:
+        ConfigError: ``key`` addresses a method the config does not define.
+    """
+    parts = key.split(".")
+    if parts[0] != "methods" or len(parts) < 2:
+        return None
+    names = [str(m.get("name") or m.get("optimizer") or "") for m in methods]
+    part = parts[1]
+    if part.lstrip("-").isdigit() and -len(names) <= int(part) < len(names):
+        return names[int(part)]
+    if part in names:
+        return part
+    raise ConfigError(
+        f"sweep key {key!r} addresses method {part!r}, which the config does not define; its methods "
+        f"are {', '.join(map(repr, names)) or 'none'}: write methods.<one of those names>.<key> (e.g. "
+        "methods.sam.hyperparameters.rho) or methods.<index>.<key>"
+    )
+
+
 # ------------------------------------------------------------------------------------- checking
 def _close(key: str, known: Iterable[str]) -> str:
     match = difflib.get_close_matches(key, list(known), n=1)
@@ -558,12 +584,14 @@ def _check_model(m: dict[str, Any]) -> None:
 
 
 def _check_sweep(cfg: dict[str, Any]) -> None:
-    """Every sweep key must name a config key and every value must give a valid config."""
+    """Every sweep key must name a config key (a method by its name or index) and every value must
+    give a valid config."""
     for key, values in cfg["sweep"].items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"sweep.{key} must be a non-empty list of values, got {values!r}")
         if key.split(".")[0] in ("sweep", "seeds", "name", "out_dir") or key == "distributed.mode":
             raise ConfigError(f"sweep key {key!r} cannot be swept (seeds are swept by `seeds`)")
+        sweep_method(key, cfg["methods"])
         for value in values:
             trial = copy.deepcopy(cfg)
             trial["sweep"] = {}

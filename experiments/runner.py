@@ -39,7 +39,7 @@ import torch
 
 from experiments import run_identity
 from experiments.checkpoint import check_checkpoint
-from experiments.config import ConfigError, resolve_config, set_key
+from experiments.config import ConfigError, resolve_config, set_key, sweep_method
 from experiments.data import check_splits
 from experiments.divergence import Diverged, DivergenceRecord
 from experiments.evaluate import evaluate_run, sharpness_measures
@@ -118,19 +118,32 @@ def _fmt(v: Any) -> str:
 
 
 def plan_runs(cfg: dict[str, Any]) -> list[Run]:
-    """Every run of the grid, in a fixed order (variants, then methods, then seeds)."""
+    """Every run of the grid, in a fixed order (variants, then methods, then seeds).
+
+    A sweep key of the whole experiment (``data.label_noise``) multiplies every method; a key of
+    one method (``methods.sam.hyperparameters.rho``, :func:`experiments.config.sweep_method`)
+    multiplies only that method, whose variant label names it (``rho=0.05``): the other methods
+    run once per value of the remaining keys, under the variant of those keys alone (no variant
+    when there are none), so a rho sweep of SAM beside SGD trains SGD once per seed.
+    """
     sweep = cfg["sweep"]
     keys = list(sweep)
+    owner = {k: sweep_method(k, cfg["methods"]) for k in keys}
     combos = list(itertools.product(*(sweep[k] for k in keys))) if keys else [()]
     root = Path(cfg["out_dir"]) / cfg["name"]
     runs: list[Run] = []
+    planned: set[tuple[str, str]] = set()
     for combo in combos:
-        variant = ",".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in zip(keys, combo))
         base = copy.deepcopy(cfg)
         base["sweep"] = {}
         for k, v in zip(keys, combo):
             set_key(base, k.split("."), v, f"sweep.{k}")
         for method in base["methods"]:
+            mine = [(k, v) for k, v in zip(keys, combo) if owner[k] in (None, method["name"])]
+            variant = ",".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in mine)
+            if (variant, method["name"]) in planned:  # a sweep of another method's key
+                continue
+            planned.add((variant, method["name"]))
             for seed in cfg["seeds"]:
                 one = copy.deepcopy(base)
                 one["methods"], one["seeds"] = [copy.deepcopy(method)], [seed]

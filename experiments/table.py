@@ -1,10 +1,14 @@
 """Results tables: mean and standard deviation over seeds of every metric, per method (and sweep
 variant), as Markdown, CSV or JSON, next to the paper's numbers when the config has a ``[paper]``
-table, and a bar chart with error bars.
+table, and a figure: a bar chart with error bars, or the sensitivity plot of a sweep
+(:mod:`experiments.sweep_plot`: lines for one swept key, a heat map for two), its numbers in JSON
+beside it.
 
 The standard deviation is the sample standard deviation over seeds (``numpy.std(ddof=1)``, the
 ``n - 1`` denominator); with one seed it is undefined: the Markdown cell is the mean alone, the CSV
-cell is empty and JSON has ``NaN``.
+cell is empty and JSON has ``NaN``. The standard error of the mean is ``std / sqrt(n)`` over the
+``n`` completed runs (G-TRACER's tables report it): ``stderr`` in JSON, ``<metric>_stderr`` in CSV,
+and ``mean ± std (se stderr)`` in Markdown with ``stderr=True`` (``table --stderr``).
 
 Grouping rule (:func:`group_runs`): runs are pooled under one row only when they share the
 variant, the method and every result-relevant key of their ``config.toml`` except the seed
@@ -53,8 +57,9 @@ import numpy as np
 import tomllib
 
 from experiments import run_identity
+from experiments.sweep_plot import ERROR_LABELS, numbers_path, sweep_figure, sweep_layout
 from landscape.deprecation import moved_names
-from landscape.io import atomic_savefig, atomic_write_text, read_json, to_jsonable
+from landscape.io import atomic_savefig, atomic_write_json, atomic_write_text, read_json, to_jsonable
 
 __all__ = [
     "aggregate",
@@ -175,7 +180,9 @@ def _label_keys(flats: list[dict[str, str]], keys: list[str]) -> list[str]:
 def group_runs(rows: list[dict[str, Any]], *, strict: bool = False) -> list[dict[str, Any]]:
     """The rows in groups by the grouping rule of the module docstring, in first-seen order.
 
-    Each group: ``group`` (the label), ``base`` (``method`` or ``variant/method``), ``settings``
+    Each group: ``group`` (the label), ``base`` (``method`` or ``variant/method``), ``method``,
+    ``swept`` (the dotted keys in which the settings of the groups of its method differ, with this
+    group's values: its point of a sweep; ``{}`` for a method with one setting), ``settings``
     (the label's keys and values), ``differing`` (every key in which the runs of ``base`` differ),
     ``config`` (whether the runs' settings were compared), ``rows`` (one per seed) and
     ``duplicates`` (``{"seed", "dirs"}``: runs of one seed and setting; the first is kept).
@@ -192,6 +199,7 @@ def group_runs(rows: list[dict[str, Any]], *, strict: bool = False) -> list[dict
             flats[key] = flat
         by_base.setdefault(_row_label(r), {}).setdefault(key, []).append(r)
     groups: list[dict[str, Any]] = []
+    keys: list[str | None] = []
     for base, subs in by_base.items():
         configured = [k for k in subs if k is not None]
         differing: list[str] = []
@@ -227,10 +235,12 @@ def group_runs(rows: list[dict[str, Any]], *, strict: bool = False) -> list[dict
             if strict and dups:
                 seed, dirs = next(iter(dups.items()))
                 raise ValueError(f"group {label!r} holds seed {seed} twice; runs: {dirs}")
+            keys.append(key)
             groups.append(
                 {
                     "group": label,
                     "base": base,
+                    "method": str(members[0].get("method")),
                     "settings": settings,
                     "differing": differing if key is not None else [],
                     "config": key is not None,
@@ -238,7 +248,35 @@ def group_runs(rows: list[dict[str, Any]], *, strict: bool = False) -> list[dict
                     "duplicates": [{"seed": s, "dirs": d} for s, d in dups.items()],
                 }
             )
+    _mark_swept(groups, keys, flats)
     return groups
+
+
+def _mark_swept(
+    groups: list[dict[str, Any]], keys: list[str | None], flats: dict[Any, dict[str, Any]]
+) -> None:
+    """``swept`` of each group: the dotted keys (and this group's values) in which the settings of
+    the groups of its method differ -- a sweep's point (``{"methods.sam.hyperparameters.rho": 0.05}``),
+    whether the runs came from one ``[sweep]`` or from several run directories; ``{}`` for a method
+    with one setting, or runs without ``config.toml``."""
+    by_method: dict[str, list[tuple[dict[str, Any], str]]] = {}
+    for g, key in zip(groups, keys):
+        g["swept"] = {}
+        if key is not None:
+            by_method.setdefault(g["method"], []).append((g, key))
+    for items in by_method.values():
+        if len(items) < 2:
+            continue
+        names: list[str] = []
+        for _, key in items:
+            names += [d for d in flats[key] if d not in names]
+
+        def value(key: str, d: str) -> Any:
+            return flats[key].get(d, run_identity.hashed_default(d, _UNSET))
+
+        differ = [d for d in names if len({_canon(value(key, d)) for _, key in items}) > 1]
+        for g, key in items:
+            g["swept"] = {d: value(key, d) for d in differ}
 
 
 def _is_completed(row: dict[str, Any]) -> bool:
@@ -285,10 +323,12 @@ def aggregate(
     rows: list[dict[str, Any]], metrics: Sequence[str] | None = None, *, strict: bool = False
 ) -> list[dict[str, Any]]:
     """One entry per group of :func:`group_runs` (first-seen order): ``group``, ``base``,
-    ``settings``, ``differing``, ``config``, ``duplicates``; ``n`` and ``seeds`` of the completed
+    ``method``, ``swept`` (the group's point of a sweep, see :func:`group_runs`), ``settings``,
+    ``differing``, ``config``, ``duplicates``; ``n`` and ``seeds`` of the completed
     runs averaged; ``runs`` (all runs of the group), ``diverged`` (how many of them diverged),
     ``diverged_runs`` (``dir``, ``seed``, ``step``, ``epoch``, ``loss``, ``reference_loss``,
-    ``reason``), ``dirs``; ``mean`` / ``std`` (ddof=1) / ``values`` per metric over the completed
+    ``reason``), ``dirs``; ``mean`` / ``std`` (ddof=1) / ``stderr`` (std / sqrt(n)) / ``values`` per
+    metric over the completed
     runs (nan without any; a value is ``None`` where the run has no such metric, and NaN / +-inf
     where it has a non-finite one, which makes the mean non-finite too); ``nonfinite``: metric ->
     the runs (``seed``, ``dir``, ``value``) whose value is non-finite; ``missing``: metric -> the
@@ -304,6 +344,8 @@ def aggregate(
         entry: dict[str, Any] = {
             "group": g["group"],
             "base": g["base"],
+            "method": g["method"],
+            "swept": g["swept"],
             "settings": g["settings"],
             "differing": g["differing"],
             "config": g["config"],
@@ -316,6 +358,7 @@ def aggregate(
             "dirs": [r.get("_dir", "") for r in g["rows"]],
             "mean": {},
             "std": {},
+            "stderr": {},
             "values": {},
             "nonfinite": {},
             "missing": {},
@@ -328,6 +371,7 @@ def aggregate(
             with np.errstate(invalid="ignore"):  # inf - inf: the NaN is the answer
                 entry["mean"][m] = float(arr.mean()) if len(arr) else math.nan
                 entry["std"][m] = float(arr.std(ddof=1)) if len(arr) > 1 else math.nan
+            entry["stderr"][m] = entry["std"][m] / math.sqrt(len(arr)) if len(arr) > 1 else math.nan
             bad = [
                 {"seed": r.get("seed"), "dir": r.get("_dir", ""), "value": v}
                 for r, v in zip(done, vals)
@@ -420,12 +464,14 @@ def _scale(entry: dict[str, Any], metric: str) -> float:
     return 100.0 if metric in entry["paper"].get("percent", []) else 1.0
 
 
-def _cell(mean: float, std: float) -> str:
+def _cell(mean: float, std: float, stderr: float | None = None) -> str:
     if math.isnan(mean):
         return "–"
     if math.isnan(std):
         return f"{mean:.4g}"
-    return f"{mean:.4g} ± {std:.2g}"
+    if stderr is None:
+        return f"{mean:.4g} ± {std:.2g}"
+    return f"{mean:.4g} ± {std:.2g} (se {stderr:.2g})"
 
 
 def _seed_list(runs: list[dict[str, Any]], n: int) -> str:
@@ -434,11 +480,11 @@ def _seed_list(runs: list[dict[str, Any]], n: int) -> str:
     return ("seed " if len(runs) == 1 else "seeds ") + ", ".join(str(r["seed"]) for r in runs)
 
 
-def format_cell(entry: dict[str, Any], metric: str, scale: float = 1.0) -> str:
+def format_cell(entry: dict[str, Any], metric: str, scale: float = 1.0, *, stderr: bool = False) -> str:
     """The table cell of ``metric`` in an :func:`aggregate` entry (its values times ``scale``):
-    ``mean ± std`` (the mean alone for one seed); ``nan (non-finite in seed 1)`` (or ``inf`` /
-    ``-inf``, the row's mean) when a run's value is non-finite; ``–`` when no run has the metric;
-    ``– (missing in seed 2)`` when some runs lack it."""
+    ``mean ± std`` (the mean alone for one seed), ``mean ± std (se stderr)`` with ``stderr=True``;
+    ``nan (non-finite in seed 1)`` (or ``inf`` / ``-inf``, the row's mean) when a run's value is
+    non-finite; ``–`` when no run has the metric; ``– (missing in seed 2)`` when some runs lack it."""
     mean = entry.get("mean", {}).get(metric, math.nan)
     bad = entry.get("nonfinite", {}).get(metric)
     if bad:
@@ -446,13 +492,16 @@ def format_cell(entry: dict[str, Any], metric: str, scale: float = 1.0) -> str:
     absent = entry.get("missing", {}).get(metric)
     if absent:
         return f"– (missing in {_seed_list(absent, entry.get('n', len(absent)))})"
-    return _cell(mean * scale, entry.get("std", {}).get(metric, math.nan) * scale)
+    std = entry.get("std", {}).get(metric, math.nan)
+    if not stderr:
+        return _cell(mean * scale, std * scale)
+    return _cell(mean * scale, std * scale, _stderr(entry, metric) * scale)
 
 
 def _csv_cell(entry: dict[str, Any], metric: str, stat: str) -> str:
-    """``repr`` of a finite mean / std; ``nan`` / ``inf`` / ``-inf`` when a run's value is
+    """``repr`` of a finite mean / std / stderr; ``nan`` / ``inf`` / ``-inf`` when a run's value is
     non-finite; empty when nothing was computed (no such metric, a missing seed, one seed's std)."""
-    x = entry[stat][metric]
+    x = _stderr(entry, metric) if stat == "stderr" else entry[stat][metric]
     if math.isfinite(x):
         return repr(x)
     if entry.get("nonfinite", {}).get(metric) and (stat == "mean" or entry["n"] > 1):
@@ -473,11 +522,18 @@ def _diverged_cell(entry: dict[str, Any]) -> str:
     return f"{entry.get('diverged', 0)} of {entry.get('runs', entry['n'])}"
 
 
-def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
+#: the statistics of a metric in CSV, one column each (``accuracy_mean``, ``accuracy_std``, ...)
+_CSV_STATS = ("mean", "std", "stderr")
+
+
+def format_table(entries: list[dict[str, Any]], fmt: str = "markdown", *, stderr: bool = False) -> str:
     """The aggregated table as ``markdown``, ``csv`` or ``json`` text. A ``diverged`` column
     ("1 of 3") appears when a run diverged; Markdown ends with :func:`table_notes`; cells follow
     :func:`format_cell` (non-finite and missing metrics, see the module docstring), and CSV gains
-    ``nonfinite`` / ``missing`` columns naming the runs when any has such a metric."""
+    ``nonfinite`` / ``missing`` columns naming the runs when any has such a metric. CSV has
+    ``<metric>_mean``, ``<metric>_std`` and ``<metric>_stderr`` (std / sqrt(n)) columns; JSON has
+    ``stderr`` beside ``std``; ``stderr=True`` adds the standard error to each Markdown cell
+    (``0.912 ± 0.003 (se 0.0017)``), as G-TRACER's tables report it."""
     if fmt == "json":
         return json.dumps(to_jsonable([{k: v for k, v in e.items()} for e in entries]), indent=2) + "\n"
     metrics = list(entries[0]["mean"]) if entries else []
@@ -492,7 +548,7 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
                 "group",
                 "n",
                 *(["diverged", "runs"] if any_diverged else []),
-                *[f"{m}_{s}" for m in metrics for s in ("mean", "std")],
+                *[f"{m}_{s}" for m in metrics for s in _CSV_STATS],
                 *[f"{m}_paper" for m in with_paper],
                 *flagged,
             ]
@@ -503,7 +559,7 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
                     e["group"],
                     e["n"],
                     *([e.get("diverged", 0), e.get("runs", e["n"])] if any_diverged else []),
-                    *[_csv_cell(e, m, s) for m in metrics for s in ("mean", "std")],
+                    *[_csv_cell(e, m, s) for m in metrics for s in _CSV_STATS],
                     *[_paper_value(e, m) for m in with_paper],
                     *[_csv_runs(e, k) for k in flagged],
                 ]
@@ -522,12 +578,14 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
         cells = [e["group"], str(e["n"]), *([_diverged_cell(e)] if any_diverged else [])]
         for m in metrics:
             s = _scale(e, m)
-            cells.append(format_cell(e, m, s))
+            cells.append(format_cell(e, m, s, stderr=stderr))
             if m in with_paper:
                 cells.append(_paper_value(e, m) or "–")
         lines.append("| " + " | ".join(cells) + " |")
     sources = sorted({e["paper"]["source"] for e in entries if e["paper"].get("source")})
     foot = ["", "mean ± sample standard deviation over seeds (ddof = 1)"]
+    if stderr:
+        foot[-1] += "; se: standard error of the mean, std / sqrt(n)"
     if any_diverged:
         foot[-1] += "; diverged runs are counted, not averaged"
     if "nonfinite" in flagged:
@@ -537,9 +595,21 @@ def format_table(entries: list[dict[str, Any]], fmt: str = "markdown") -> str:
     return "\n".join(lines + foot) + "\n"
 
 
-def plot_table(entries: list[dict[str, Any]], path: str | Path, metrics: Sequence[str] | None = None) -> Path:
-    """Bar chart (one panel per metric, one bar per group, error bars = std over seeds) in the format
-    the name ends in (``.png``, ``.pdf``, ``.svg``, ...; PNG without one).
+def plot_table(
+    entries: list[dict[str, Any]],
+    path: str | Path,
+    metrics: Sequence[str] | None = None,
+    *,
+    error: str = "std",
+) -> Path:
+    """The figure of a table, in the format the name ends in (``.png``, ``.pdf``, ``.svg``, ...; PNG
+    without one), and its numbers as JSON next to it (:func:`experiments.sweep_plot.numbers_path`:
+    ``t.png`` -> ``t.plot.json``). Error bars are ``error``: ``std`` (sample standard deviation over
+    seeds, ddof 1) or ``stderr`` (std / sqrt(n)); the figure says which.
+
+    When the runs form a 1-D sweep (every swept method varies one key), the metric against the
+    swept value, one line per method; for a 2-D sweep, a heat map of the mean per method
+    (:mod:`experiments.sweep_plot`). Otherwise a bar chart: one panel per metric, one bar per group.
     Diverged runs are not in the bars; their count is under the group's name, and a group whose
     runs all diverged has no bar, only the word "diverged". A non-finite mean (a run's NaN / inf
     value) has no bar either, only ``nan`` / ``inf`` in red."""
@@ -548,20 +618,53 @@ def plot_table(entries: list[dict[str, Any]], path: str | Path, metrics: Sequenc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if error not in ERROR_LABELS:
+        raise ValueError(f"error must be one of {sorted(ERROR_LABELS)}, got {error!r}")
     metrics = list(metrics or (entries[0]["mean"] if entries else []))
     if not metrics:
         raise ValueError("nothing to plot: the runs have no metrics")
+    layout = sweep_layout(entries)
+    if layout is not None:
+        fig, record = sweep_figure(entries, metrics, error, layout)
+    else:
+        fig, record = _bar_figure(plt, entries, metrics, error)
+    path = Path(path)
+    atomic_savefig(path, fig, dpi=120)
+    plt.close(fig)
+    atomic_write_json(numbers_path(path), record)
+    return path
+
+
+def _bar_figure(
+    plt: Any, entries: list[dict[str, Any]], metrics: list[str], error: str
+) -> tuple[Any, dict[str, Any]]:
+    """The bar chart of :func:`plot_table` and the record of its numbers (``kind = "bar"``)."""
     cols = min(3, len(metrics))
     rows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
     labels = [
         f"{e['group']}\n({_diverged_cell(e)} diverged)" if e.get("diverged") else e["group"] for e in entries
     ]
+    record: dict[str, Any] = {
+        "kind": "bar",
+        "error": error,
+        "error_label": ERROR_LABELS[error],
+        "metrics": metrics,
+        "groups": [e["group"] for e in entries],
+        "values": {},
+    }
     for ax, m in zip(axes.flat, metrics):
+        errs = [_stderr(e, m) if error == "stderr" else e["std"][m] for e in entries]
+        record["values"][m] = {
+            "mean": [e["mean"][m] for e in entries],
+            "std": [e["std"][m] for e in entries],
+            "stderr": [_stderr(e, m) for e in entries],
+            "n": [e["n"] for e in entries],
+        }
         shown = [i for i, e in enumerate(entries) if math.isfinite(e["mean"][m])]
         means = [entries[i]["mean"][m] for i in shown]
-        stds = [0.0 if math.isnan(entries[i]["std"][m]) else entries[i]["std"][m] for i in shown]
-        ax.bar(shown, means, yerr=stds, capsize=4, color=f"C{metrics.index(m) % 10}")
+        bars = [0.0 if math.isnan(errs[i]) else errs[i] for i in shown]
+        ax.bar(shown, means, yerr=bars, capsize=4, color=f"C{metrics.index(m) % 10}")
         for i, e in enumerate(entries):
             if e["n"] == 0 and e.get("diverged"):
                 ax.text(i, 0, "diverged", rotation=90, ha="center", va="bottom", fontsize=8, color="0.3")
@@ -573,11 +676,17 @@ def plot_table(entries: list[dict[str, Any]], path: str | Path, metrics: Sequenc
         ax.set_title(m, fontsize=10)
     for ax in list(axes.flat)[len(metrics) :]:
         ax.axis("off")
-    fig.tight_layout()
-    path = Path(path)
-    atomic_savefig(path, fig, dpi=120)
-    plt.close(fig)
-    return path
+    fig.text(0.5, 0.005, ERROR_LABELS[error], ha="center", va="bottom", fontsize=8, color="0.3")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    return fig, record
+
+
+def _stderr(entry: dict[str, Any], metric: str) -> float:
+    """std / sqrt(n) of ``metric`` (NaN for fewer than two runs)."""
+    if "stderr" in entry:
+        return entry["stderr"][metric]
+    n = entry["n"]
+    return entry["std"][metric] / math.sqrt(n) if n > 1 else math.nan
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -168,7 +168,7 @@ def test_table_is_mean_and_sample_std_computed_by_hand(grid, tmp_path, capsys):
         == 0
     )
     lines = out.read_text().splitlines()
-    assert lines[0] == "group,n,accuracy_mean,accuracy_std,nll_mean,nll_std"
+    assert lines[0] == "group,n,accuracy_mean,accuracy_std,accuracy_stderr,nll_mean,nll_std,nll_stderr"
     assert float(lines[1].split(",")[2]) == pytest.approx((m0["accuracy"] + m1["accuracy"]) / 2)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["table", str(grid)]) == 0
