@@ -360,8 +360,10 @@ def test_cache_outside_the_data_directory(tmp_path, capsys):
     _class_tree(tmp_path / "data2", splits=("train",), per_class=2)
     load_image_folder(tmp_path / "data2", "train", size=10, cache_dir=cache)
     newest = max(cache.glob("*.npz"), key=lambda p: p.stat().st_mtime_ns)
-    newest.write_bytes(b"not an npz")
-    x2, _ = load_image_folder(tmp_path / "data2", "train", size=10, cache_dir=cache)
-    assert torch.equal(x2, x0) and "ignoring the unreadable image cache" in capsys.readouterr().out
+    good = newest.read_bytes()
+    for damaged in (b"not an npz", good[: len(good) // 2]):  # foreign bytes; a truncated zip archive
+        newest.write_bytes(damaged)
+        x2, _ = load_image_folder(tmp_path / "data2", "train", size=10, cache_dir=cache)
+        assert torch.equal(x2, x0) and "ignoring the unreadable image cache" in capsys.readouterr().out
     with pytest.raises(ValueError, match="lies inside the data directory"):
         load_image_folder(tmp_path / "data2", "train", size=10, cache_dir=tmp_path / "data2" / "cache")

@@ -49,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -518,7 +519,7 @@ def _read_cache(path: Path, n: int, size: int, labels: np.ndarray) -> np.ndarray
     try:
         with np.load(path, allow_pickle=False) as z:
             images, cached = z["images"], z["labels"]
-    except (OSError, ValueError, KeyError, EOFError) as exc:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         print(
             f"note: ignoring the unreadable image cache {path} ({type(exc).__name__}); decoding again",
             flush=True,
