@@ -32,7 +32,7 @@ from landscape.sharpness import MEASURES
 from optimizers import SWAG
 from optimizers.bayes.swag import has_batchnorm
 
-__all__ = ["evaluate_run", "sharpness_measures"]
+__all__ = ["check_metric_names", "evaluate_run", "sharpness_measures"]
 
 #: Default options of the sharpness measures a config names (label -> (measure, options)).
 SHARPNESS_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -74,6 +74,19 @@ def reliability_bins(probs: torch.Tensor, y: torch.Tensor, n_bins: int) -> dict[
         "accuracy": listed(curve.accuracy),
         "count": [int(c) for c in curve.count.tolist()],
     }
+
+
+def check_metric_names(cfg: dict[str, Any]) -> None:
+    """``ValueError`` unless every name of ``evaluation.metrics`` is a key of
+    :func:`landscape.metrics.evaluate` (:data:`landscape.metrics.METRIC_NAMES`; the OOD ones need
+    ``evaluation.ood``), checked before any training."""
+    known = metrics.METRIC_NAMES + (metrics.OOD_METRIC_NAMES if cfg["evaluation"]["ood"] else ())
+    unknown = [k for k in cfg["evaluation"]["metrics"] if k not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown metric(s) {unknown} in evaluation.metrics; known: {', '.join(known)}"
+            + ("" if cfg["evaluation"]["ood"] else " (and, with evaluation.ood set, the OOD ones)")
+        )
 
 
 def sharpness_measures(cfg: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

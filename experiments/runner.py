@@ -42,7 +42,7 @@ from experiments.checkpoint import check_checkpoint
 from experiments.config import ConfigError, resolve_config, set_key, sweep_method
 from experiments.data import check_splits
 from experiments.divergence import Diverged, DivergenceRecord
-from experiments.evaluate import evaluate_run, sharpness_measures
+from experiments.evaluate import check_metric_names, evaluate_run, sharpness_measures
 from experiments.initial_weights import file_sha256
 from experiments.members import EnsembleTrainer, member_dirs
 from experiments.methods import check_run
@@ -192,6 +192,7 @@ def validate(runs: list[Run]) -> None:
             _check_meta_model(run.cfg, contract)
         try:
             sharpness_measures(run.cfg)
+            check_metric_names(run.cfg)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         bad = [c for c in run.cfg["evaluation"]["corruption_names"] if c not in CIFAR10C_ALL_CORRUPTIONS]

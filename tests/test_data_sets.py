@@ -274,13 +274,13 @@ def test_normalize_forms_and_unknown_specs(tmp_path):
     ref = (x0.numpy() - np.array(mean).reshape(1, 3, 1, 1)) / np.array(std).reshape(1, 3, 1, 1)
     np.testing.assert_allclose(x1.numpy(), ref, rtol=1e-14)
     with pytest.raises(ValueError, match="names no known statistics"):
-        load_svhn(tmp_path, "test", normalize="imagenet")
+        load_svhn(tmp_path, "test", normalize="places365")
     with pytest.raises(ValueError, match="1 means and 1 stds for images with 3 channels"):
         load_svhn(tmp_path, "test", normalize=((0.5,), (0.5,)))
     with pytest.raises(ValueError, match="standard deviations must be positive"):
         load_svhn(tmp_path, "test", normalize=((0, 0, 0), (1, 0, 1)))
-    with pytest.raises(ValueError, match="unknown data spec 'imagenet:/x'.*svhn"):
-        load_dataset("imagenet:/x")
+    with pytest.raises(ValueError, match="unknown data spec 'places365:/x'.*svhn"):
+        load_dataset("places365:/x")
 
 
 # ---------------------------------------------------------------------------------------- transforms
@@ -348,8 +348,13 @@ def test_normalisation_constants_and_computed_statistics():
     np.testing.assert_allclose(z.numpy().std(axis=(0, 2, 3)), 1, rtol=1e-13)
     zc = normalize(x, "cifar10")
     np.testing.assert_allclose(zc.numpy(), (arr - C10_MEAN) / C10_STD, rtol=1e-14)
-    with pytest.raises(ValueError, match="unknown statistics 'imagenet'"):
-        normalize(x, "imagenet")
+    zi = normalize(x, "imagenet")  # torchvision's ImageNet values, written out
+    ref = (arr - np.array([0.485, 0.456, 0.406]).reshape(1, 3, 1, 1)) / np.array(
+        [0.229, 0.224, 0.225]
+    ).reshape(1, 3, 1, 1)
+    np.testing.assert_allclose(zi.numpy(), ref, rtol=1e-14)
+    with pytest.raises(ValueError, match="unknown statistics 'places365'"):
+        normalize(x, "places365")
     with pytest.raises(ValueError, match=r"expected a floating tensor of images \[N, C, H, W\]"):
         random_crop(torch.zeros(3, 8, 8), 4)
     with pytest.raises(ValueError, match="padding must be a non-negative int"):

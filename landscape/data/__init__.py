@@ -5,6 +5,9 @@
   (``.mat``) from a local directory (``root=`` or ``$SHARPSCAPE_DATA``); :func:`load_dataset`
   parses the ``digits`` / ``mnist:DIR`` / ``cifar10c:DIR:gaussian_noise:3`` ... specs of the
   command lines;
+* ``image_folder``: class-folder image trees (ImageNet, Tiny ImageNet, Stanford Cars, Oxford
+  Flowers, ``imagefolder:DIR``) decoded safely with Pillow: :func:`load_image_folder`,
+  :func:`image_folder_index` (the class list);
 * ``transforms``: random crop with padding + horizontal flip on batched tensors (seeded
   ``torch.Generator``), Cutout, per-channel normalisation (published or computed statistics);
 * ``autoaugment``: the AutoAugment policies (Cubuk et al. 2019) per image on a batch;
@@ -36,6 +39,7 @@ from landscape.data.datasets import (
     load_svhn,
     read_idx,
 )
+from landscape.data.image_folder import IMAGE_FOLDER_DATASETS, image_folder_index, load_image_folder
 from landscape.data.label_noise import (
     CIFAR10_ASYMMETRIC,
     CIFAR10_CLASSES,
@@ -68,6 +72,7 @@ __all__ = [
     "CIFAR10_FILES",
     "DATA_ENV",
     "DATA_SPECS",
+    "IMAGE_FOLDER_DATASETS",
     "MNIST_FILES",
     "NoisyLabels",
     "RandomCropFlip",
@@ -76,6 +81,7 @@ __all__ = [
     "batches",
     "black_fill",
     "channel_stats",
+    "image_folder_index",
     "iterate",
     "load_cifar10",
     "load_cifar100",
@@ -83,6 +89,7 @@ __all__ = [
     "load_dataset",
     "load_digits",
     "load_fashion_mnist",
+    "load_image_folder",
     "load_mnist",
     "load_svhn",
     "make_loader",

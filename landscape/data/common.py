@@ -15,7 +15,10 @@ the training images), used by ``normalize=True``:
   deviation over the 50,000 training images x 1,024 pixels per channel. (The often-copied CIFAR-10
   std (0.2023, 0.1994, 0.2010) is the average of per-image standard deviations, a different
   quantity.) CIFAR-10-C is the CIFAR-10 test set corrupted, so it uses the CIFAR-10 values;
-* SVHN mean (0.4377, 0.4438, 0.4728), std (0.1980, 0.2010, 0.1970) over ``train_32x32.mat``.
+* SVHN mean (0.4377, 0.4438, 0.4728), std (0.1980, 0.2010, 0.1970) over ``train_32x32.mat``;
+* ImageNet mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225): the values torchvision's
+  pretrained ImageNet models expect (its ``transforms.Normalize`` examples), used by every
+  image-folder data set (:mod:`landscape.data.image_folder`).
 
 :func:`landscape.data.transforms.channel_stats` recomputes such values from any tensor of images.
 """
@@ -39,6 +42,7 @@ CHANNEL_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
 
 # where the files come from (named in the messages about missing files)
@@ -49,6 +53,11 @@ SOURCES = {
     "CIFAR-100": "https://www.cs.toronto.edu/~kriz/cifar.html (cifar-100-python.tar.gz)",
     "CIFAR-10-C": "https://zenodo.org/records/2535967 (CIFAR-10-C.tar, Hendrycks & Dietterich 2019)",
     "SVHN": "http://ufldl.stanford.edu/housenumbers/ (format 2: train_32x32.mat, test_32x32.mat)",
+    "Tiny ImageNet": "http://cs231n.stanford.edu/tiny-imagenet-200.zip (extract; the layout is read as is)",
+    "ImageNet": "https://image-net.org (ILSVRC2012 train and val, val/ sorted into class folders)",
+    "Stanford Cars": "https://ai.stanford.edu/~jkrause/cars/car_dataset.html (sorted into class folders)",
+    "Oxford Flowers": "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ (sorted into class folders)",
+    "image folder": "your own files laid out as DIR/train/<class>/<image>, DIR/test/<class>/<image>",
 }
 
 

@@ -10,7 +10,21 @@
 * ``boolq[:DIR]``, ``wic[:DIR]``, ``rte[:DIR]``: SuperGLUE ``.jsonl`` files tokenised into int64
   ``[N, 3, L]`` inputs (:func:`landscape.data.text.load_superglue`; kwargs ``tokenizer`` (a local
   directory, default ``$SHARPSCAPE_TEXT_MODEL``) and ``max_length`` (128); splits ``train`` and
-  ``val``, the test split: SuperGLUE's test labels are hidden).
+  ``val``, the test split: SuperGLUE's test labels are hidden);
+* image folders, ``DIR/<split>/<class>/<image>`` decoded with Pillow
+  (:mod:`landscape.data.image_folder`; splits ``train``, ``val``, ``test``; ``size``, ``resize``,
+  ``limit``, ``max_bytes`` ... as kwargs):
+
+  ==========================  ====================  ==========  ================
+  spec                        data set              size        resize
+  ==========================  ====================  ==========  ================
+  ``imagefolder[:DIR]``       any class folders     64          shorter_crop
+  ``tinyimagenet[:DIR]``      Tiny ImageNet (also   64          direct
+                              its official layout)
+  ``imagenet[:DIR]``          ImageNet (ILSVRC-12)  224         shorter_crop
+  ``stanford-cars[:DIR]``     Stanford Cars         224         direct
+  ``oxford-flowers[:DIR]``    Oxford Flowers 102    224         shorter_crop
+  ==========================  ====================  ==========  ================
 
 ``DIR`` may be left out when the ``SHARPSCAPE_DATA`` environment variable names the data
 directory.
@@ -22,6 +36,7 @@ from landscape.data.cifar import load_cifar10, load_cifar100
 from landscape.data.cifar10c import load_cifar10c
 from landscape.data.common import Batch
 from landscape.data.digits import load_digits
+from landscape.data.image_folder import IMAGE_FOLDER_DATASETS, load_image_folder
 from landscape.data.mnist import load_fashion_mnist, load_mnist
 from landscape.data.svhn import load_svhn
 from landscape.data.text import TEXT_TASKS, load_superglue  # imports transformers only when loading
@@ -30,6 +45,8 @@ DATA_SPECS = (
     "digits", "digits-image", "mnist[:DIR]", "fashion-mnist[:DIR]", "cifar10[:DIR]",
     "cifar100[:DIR]", "cifar100-coarse[:DIR]", "cifar10c:[DIR:]CORRUPTION:SEVERITY", "svhn[:DIR]",
     "boolq[:DIR]", "wic[:DIR]", "rte[:DIR]",
+    "imagefolder[:DIR]", "tinyimagenet[:DIR]", "imagenet[:DIR]", "stanford-cars[:DIR]",
+    "oxford-flowers[:DIR]",
 )  # fmt: skip
 
 _ALIASES = {
@@ -38,6 +55,14 @@ _ALIASES = {
     "cifar-100": "cifar100",
     "cifar-100-coarse": "cifar100-coarse",
     "cifar-10-c": "cifar10c",
+    "image-folder": "imagefolder",
+    "tiny-imagenet": "tinyimagenet",
+    "tiny-imagenet-200": "tinyimagenet",
+    "stanfordcars": "stanford-cars",
+    "cars": "stanford-cars",
+    "oxfordflowers": "oxford-flowers",
+    "flowers102": "oxford-flowers",
+    "flowers": "oxford-flowers",
 }
 
 
@@ -91,4 +116,6 @@ def load_dataset(spec: str, split: str = "train", **kwargs) -> Batch:
         return load_svhn(where, split, **kwargs)
     if name in TEXT_TASKS:
         return load_superglue(name, where, split, **kwargs)
+    if name in IMAGE_FOLDER_DATASETS:
+        return load_image_folder(where, split, dataset=name, **kwargs)
     raise ValueError(f"unknown data spec {spec!r}: use one of {', '.join(DATA_SPECS)}")

@@ -8,6 +8,7 @@ they are never modified. Computation is in float64 on the CPU, whatever the inpu
 results are Python floats.
 
 * scores: :func:`accuracy`, :func:`nll`, :func:`brier`, :func:`predictive_entropy`;
+* top-k: :func:`topk_accuracy` (logits or probabilities), :func:`top5_accuracy`;
 * calibration: :func:`calibration_curve` (a :class:`CalibrationCurve`), :func:`ece` (20
   equal-width bins by default, ``binning="equal_mass"``, ``norm="l1" | "l2" | "max"``),
   :func:`mce`;
@@ -25,12 +26,15 @@ Example::
 
 from landscape.metrics._calibration import CalibrationCurve, calibration_curve, ece, mce
 from landscape.metrics._checks import SUM_TOL
-from landscape.metrics._evaluate import evaluate
+from landscape.metrics._evaluate import METRIC_NAMES, OOD_METRIC_NAMES, evaluate
 from landscape.metrics._plots import reliability_diagram, reliability_figure
 from landscape.metrics._ranking import auroc, misclassification_auroc, ood_auroc
 from landscape.metrics._scores import accuracy, brier, nll, predictive_entropy
+from landscape.metrics._topk import top5_accuracy, topk_accuracy
 
 __all__ = [
+    "METRIC_NAMES",
+    "OOD_METRIC_NAMES",
     "SUM_TOL",
     "CalibrationCurve",
     "accuracy",
@@ -46,4 +50,6 @@ __all__ = [
     "predictive_entropy",
     "reliability_diagram",
     "reliability_figure",
+    "top5_accuracy",
+    "topk_accuracy",
 ]

@@ -10,6 +10,14 @@ from landscape.metrics._calibration import Binning, curve_matrix
 from landscape.metrics._checks import BINNINGS, check_choice, check_n_bins, check_pair, check_probs
 from landscape.metrics._ranking import auroc_checked, confidence_score, ood_auroc_checked
 from landscape.metrics._scores import brier_matrix, entropy_matrix, true_class_prob
+from landscape.metrics._topk import target_rank
+
+#: The keys of :func:`evaluate`'s result without OOD inputs (``OOD_METRIC_NAMES`` come with them).
+METRIC_NAMES = (
+    "accuracy", "top5_accuracy", "nll", "brier", "ece", "mce", "entropy", "auroc_misclassification",
+    "n", "n_bins",
+)  # fmt: skip
+OOD_METRIC_NAMES = ("auroc_ood_maxprob", "auroc_ood_entropy", "entropy_ood", "n_ood")
 
 
 def evaluate(
@@ -24,8 +32,9 @@ def evaluate(
 
     Returns a flat dict of Python numbers (one row of a results table):
 
-    * ``accuracy``, ``nll`` (clamped at ``eps``, see :func:`nll`), ``brier`` (:func:`brier`,
-      ``scale_by_half="auto"``), ``ece`` and ``mce`` (:func:`ece` with ``n_bins`` / ``binning``),
+    * ``accuracy``, ``top5_accuracy`` (:func:`top5_accuracy`; 1.0 with five classes or fewer),
+      ``nll`` (clamped at ``eps``, see :func:`nll`), ``brier`` (:func:`brier`, ``scale_by_half="auto"``),
+      ``ece`` and ``mce`` (:func:`ece` with ``n_bins`` / ``binning``),
       ``entropy`` (mean predictive entropy in nats);
     * ``auroc_misclassification`` (:func:`misclassification_auroc` with the max probability;
       NaN when every prediction is right or every one wrong, where it is undefined);
@@ -49,6 +58,7 @@ def evaluate(
     n_right = int(correct.sum())
     out: dict[str, float | int] = {
         "accuracy": n_right / t.numel(),
+        "top5_accuracy": float((target_rank(p, t) < 5).double().mean()),
         "nll": float(-torch.log(true_class_prob(p, t).clamp_min(eps)).mean()),
         "brier": brier_matrix(p, t) * (0.5 if p.shape[1] == 2 else 1.0),
         "ece": curve.calibration_error("l1"),
