@@ -43,7 +43,9 @@ def cifar100(root: Path, rng: np.random.Generator, n_train: int = 200, n_test: i
     return root
 
 
-def cifar10c(root: Path, rng: np.random.Generator, corruptions=("gaussian_noise", "snow"), n: int = 20) -> Path:
+def cifar10c(
+    root: Path, rng: np.random.Generator, corruptions=("gaussian_noise", "snow"), n: int = 20
+) -> Path:
     """``labels.npy`` and one ``<corruption>.npy`` of 5 severities x ``n`` images each."""
     root.mkdir(parents=True, exist_ok=True)
     np.save(root / "labels.npy", np.tile(rng.integers(0, 10, n), 5))
@@ -59,3 +61,120 @@ def mnist(root: Path, rng: np.random.Generator, n_train: int = 120, n_test: int 
         write_idx(root / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
         write_idx(root / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8))
     return root
+
+
+def _image(rng: np.random.Generator, size: int):
+    from PIL import Image
+
+    return Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+
+
+def image_folder(
+    root: Path,
+    rng: np.random.Generator,
+    *,
+    classes: int = 5,
+    per_class: int = 4,
+    size: int = 32,
+    splits=("train", "val"),
+) -> Path:
+    """``<split>/<class>/<k>.png``: the class-folder layout of ImageNet, Stanford Cars and Oxford
+    Flowers as image-folder data sets expect them."""
+    for split in splits:
+        for c in range(classes):
+            d = root / split / f"class{c:03d}"
+            d.mkdir(parents=True, exist_ok=True)
+            for k in range(per_class):
+                _image(rng, size).save(d / f"{k}.png")
+    return root
+
+
+def tiny_imagenet(root: Path, rng: np.random.Generator, *, classes: int = 4, per_class: int = 6) -> Path:
+    """The official Tiny ImageNet layout: ``train/<wnid>/images/*.JPEG`` (+ boxes), ``val/images`` with
+    ``val/val_annotations.txt``, ``wnids.txt``; 64 x 64 JPEGs."""
+    wnids = [f"n{1000 + c:08d}" for c in range(classes)]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    for w in wnids:
+        d = root / "train" / w / "images"
+        d.mkdir(parents=True)
+        (root / "train" / w / f"{w}_boxes.txt").write_text(f"{w}_0.JPEG\t0\t0\t63\t63\n")
+        for k in range(per_class):
+            _image(rng, 64).save(d / f"{w}_{k}.JPEG", format="JPEG", quality=90)
+    (root / "val" / "images").mkdir(parents=True)
+    lines = []
+    for j in range(2 * classes):
+        w = wnids[j % classes]
+        _image(rng, 64).save(root / "val" / "images" / f"val_{j}.JPEG", format="JPEG", quality=90)
+        lines.append(f"val_{j}.JPEG\t{w}\t0\t0\t63\t63")
+    (root / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+_WORDS = "the cat sat on a mat dog is not ran it was did bank river money run fast slow word".split()
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ":", "?", "."] + _WORDS
+
+
+def _sentence(rng: np.random.Generator, n: int = 6) -> str:
+    return " ".join(rng.choice(_WORDS, n)) + "."
+
+
+def superglue(root: Path, rng: np.random.Generator, n_train: int = 12, n_val: int = 8) -> Path:
+    """``BoolQ/``, ``WiC/``, ``RTE/`` with ``train.jsonl`` and ``val.jsonl`` in SuperGLUE's fields."""
+    import json
+
+    def row(task: str, i: int) -> dict:
+        if task == "BoolQ":
+            question, passage = _sentence(rng, 4)[:-1], _sentence(rng, 12)
+            return {"question": question, "passage": passage, "label": bool(i % 2), "idx": i}
+        if task == "WiC":
+            s1, s2 = _sentence(rng), _sentence(rng)
+            word = s1.split()[0]
+            return {"word": word, "sentence1": s1, "sentence2": s2, "label": bool(i % 2), "idx": i,
+                    "start1": 0, "end1": len(word), "start2": 0, "end2": len(s2.split()[0])}  # fmt: skip
+        label = "entailment" if i % 2 else "not_entailment"
+        return {"premise": _sentence(rng, 8), "hypothesis": _sentence(rng, 4), "label": label, "idx": i}
+
+    for task in ("BoolQ", "WiC", "RTE"):
+        (root / task).mkdir(parents=True, exist_ok=True)
+        for split, n in (("train", n_train), ("val", n_val)):
+            rows = [row(task, i) for i in range(n)]
+            (root / task / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def tiny_bert(root: Path, seed: int = 0) -> Path:
+    """A one-layer BERT (hidden size 8) with a WordPiece tokenizer over :data:`VOCAB`, saved as a
+    local Hugging Face directory (safetensors), like a user's ``bert-base-uncased`` download."""
+    import torch
+    import transformers
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(root / "vocab.txt"), do_lower_case=True)
+    tokenizer.save_pretrained(root)
+    cfg = transformers.BertConfig(
+        vocab_size=len(VOCAB), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=64, num_labels=2,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformers.BertForSequenceClassification(cfg).save_pretrained(root, safe_serialization=True)
+    return root
+
+
+#: data spec prefix -> writer of a tiny set in that format (image folders at 32 px)
+WRITERS = {
+    "cifar10": cifar10,
+    "cifar100": cifar100,
+    "mnist": mnist,
+    "fashion-mnist": mnist,
+    "tinyimagenet": tiny_imagenet,
+    "imagefolder": image_folder,
+    "imagenet": image_folder,
+    "stanford-cars": image_folder,
+    "oxford-flowers": image_folder,
+    "boolq": superglue,
+    "wic": superglue,
+    "rte": superglue,
+}
