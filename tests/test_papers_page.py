@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.config import load_config
+from experiments.config import ConfigError, load_config
 from experiments.runner import plan_runs, validate
 from toy_problems.figures import FIGURES
 
@@ -58,9 +58,17 @@ CONFIGS = sorted({c for _, item in ITEMS for c in item.get("configs", [])})
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_every_config_on_the_page_resolves_and_carries_the_papers_numbers(name):
+def test_every_config_on_the_page_resolves_and_carries_the_papers_numbers(name, tmp_path):
+    """A config that fine-tunes names the user's checkpoint as a file that is not shipped: planning
+    it refuses (no silent start from random weights), with a stand-in file it validates."""
     path = ROOT / "configs" / f"{name}.toml"
-    cfg = load_config(path)
+    overrides = []
+    if load_config(path)["model"]["checkpoint"]:
+        with pytest.raises(ConfigError, match="model.checkpoint .* does not exist"):
+            plan_runs(load_config(path))
+        (tmp_path / "weights.pt").write_bytes(b"stand-in: hashed by planning, read only by training")
+        overrides = [f"model.checkpoint={tmp_path / 'weights.pt'}"]
+    cfg = load_config(path, overrides)
     validate(plan_runs(cfg))
     assert cfg["name"] == name and cfg["budget"] < 1.0
     paper = tomllib.loads(path.read_text(encoding="utf-8")).get("paper", {})
