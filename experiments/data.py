@@ -64,6 +64,9 @@ class RunData:
     noise: Any = None  # landscape.data.NoisyLabels when label noise is on
     train_indices: torch.Tensor | None = None
     fingerprints: dict[str, str] | None = field(default=None, repr=False, compare=False)
+    #: classes of the whole training and test splits (largest label + 1, before any subset): a
+    #: subset may lack the largest labels
+    split_classes: int = 0
 
 
 def _digest(*tensors: torch.Tensor) -> str:
@@ -191,6 +194,7 @@ def prepare_data(cfg: dict[str, Any], seed: int) -> RunData:
         kwargs.setdefault("dtype", torch.float64)
     x_tr, y_tr = _load(d["name"], d["train_split"], kwargs)
     x_te, y_te = _load(d["name"], d["test_split"], kwargs)
+    split_classes = int(max(int(y_tr.max()), int(y_te.max())) + 1)
     tr_idx = _subset(len(y_tr), data_limit(len(y_tr), d["limit_train"], budget, cfg["train"]["batch_size"]))
     te_idx = _subset(len(y_te), data_limit(len(y_te), d["limit_test"], budget, 100))
     x_tr, y_tr, x_te, y_te = x_tr[tr_idx], y_tr[tr_idx], x_te[te_idx], y_te[te_idx]
@@ -205,7 +209,9 @@ def prepare_data(cfg: dict[str, Any], seed: int) -> RunData:
         noise = make_noise(y_tr, num_classes, d, seed)
     noisy = noise.labels if noise is not None else y_tr
     x_ood = _ood(e["ood"], dict(e["ood_kwargs"]), x_te, d["limit_test"], budget) if e["ood"] else None
-    return RunData(x_tr, noisy, y_tr, x_te, y_te, num_classes, x_ood, noise, tr_idx)
+    return RunData(
+        x_tr, noisy, y_tr, x_te, y_te, num_classes, x_ood, noise, tr_idx, split_classes=split_classes
+    )
 
 
 # ---------------------------------------------------------------------------------- CIFAR-10-C

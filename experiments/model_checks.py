@@ -25,9 +25,12 @@ __all__ = ["check_model_data", "data_classes"]
 
 
 def data_classes(data: Any) -> int:
-    """The number of classes of the data: the largest (clean) training or test label plus one."""
+    """The number of classes of the data: the largest (clean) training or test label plus one, of the
+    whole splits where the run's data knows it (``split_classes``; a subset may lack the largest
+    labels)."""
     labels = [t for t in (getattr(data, "y_train_clean", None), data.y_train, data.y_test) if t is not None]
-    return int(max(int(t.max()) for t in labels if t.numel())) + 1
+    seen = int(max(int(t.max()) for t in labels if t.numel())) + 1
+    return max(seen, int(getattr(data, "split_classes", 0) or 0))
 
 
 def _first_layer(model: nn.Module) -> nn.Module | None:
