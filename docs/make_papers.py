@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 COVERAGE = ROOT / "docs" / "coverage"
@@ -95,7 +96,8 @@ def commands(item: dict[str, Any]) -> list[str]:
     if "figure" in item:
         out.append(f"python -m toy_problems figures --only {item['figure']} --out figures")
     if "run_figure" in item:
-        out.append(f"python -m experiments figure {item['run_figure']} {item.get('runs', 'runs')} --out figures")
+        runs = item.get("runs", "runs")
+        out.append(f"python -m experiments figure {item['run_figure']} {runs} --out figures")
     return out
 
 

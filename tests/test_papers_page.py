@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from experiments.config import ConfigError, load_config
 from experiments.runner import plan_runs, validate
@@ -51,7 +51,7 @@ def test_each_row_has_a_command_or_a_reason(key, item):
         path = ROOT / "configs" / f"{name}.toml"
         assert path.is_file(), path
         if status == "configured":
-            assert make_papers.config_differences(name), f"{name}: no 'Differences from the authors' run' items"
+            assert make_papers.config_differences(name), f"{name}: no 'Differences from the authors' run'"
 
 
 CONFIGS = sorted({c for _, item in ITEMS for c in item.get("configs", [])})
@@ -108,7 +108,8 @@ def _verdict(cell: str) -> str:
 def test_readme_verdicts_of_paper_figures_and_tables_match_the_page():
     """A README claims row naming a paper's figure or table ("Fig. 2: ...") has the page's status."""
     shorts = {p["short"]: p for p in PAPERS}
-    rows = [line.split("|")[1:-1] for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| ")]
+    lines = (ROOT / "README.md").read_text().splitlines()
+    rows = [line.split("|")[1:-1] for line in lines if line.startswith("| ")]
     checked = 0
     paper = None
     for cells in rows:
