@@ -65,7 +65,7 @@ from experiments.schedules import FactorSchedule, NoSchedule, lr_factor
 from experiments.sync_batchnorm import BatchNormSync, convert_batchnorm
 from landscape import metrics
 from landscape.cli_common import interrupts_deferred
-from landscape.data import CHANNEL_STATS, black_fill, random_crop_flip, random_cutout, random_hflip
+from landscape.data import black_fill, input_stats, random_crop_flip, random_cutout, random_hflip
 from landscape.data.autoaugment import standardised_autoaugment
 from landscape.data.batching import inputs_to
 from landscape.models import model_factory
@@ -538,14 +538,22 @@ def _crop_fill(cfg: dict[str, Any], x: torch.Tensor) -> Any:
         )
     if d["crop_fill"] == "mean":
         return 0.0
-    norm = d["kwargs"].get("normalize", True)
-    key = norm if isinstance(norm, str) else d["name"].partition(":")[0].lower().replace("-", "")
-    if key not in CHANNEL_STATS or norm is False:
+    stats = _input_stats(d)
+    if stats is None:
         raise ConfigError(
-            f'data.crop_fill = "black" needs the channel statistics of the data set; {key!r} has none '
-            f'(known: {sorted(CHANNEL_STATS)}); use crop_fill = "mean"'
+            f'data.crop_fill = "black" needs the channel statistics that standardised the inputs; '
+            f"{d['name']!r} with normalize = {d['kwargs'].get('normalize', True)!r} has none; use "
+            'crop_fill = "mean"'
         )
-    return black_fill(key)
+    return black_fill(stats)
+
+
+def _input_stats(d: dict[str, Any]) -> Any:
+    """The ``(mean, std)`` the data were standardised with (:func:`landscape.data.input_stats`)."""
+    try:
+        return input_stats(d["name"], d["kwargs"].get("normalize", True))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"data.kwargs.normalize: {exc}") from None
 
 
 def _autoaugment_stats(cfg: dict[str, Any], x: torch.Tensor) -> Any:
@@ -565,21 +573,18 @@ def _autoaugment_stats(cfg: dict[str, Any], x: torch.Tensor) -> Any:
         )
     if d["autoaugment"] == "none":
         return None
-    norm = d["kwargs"].get("normalize", True)
     channels = x.shape[1]
-    if norm is False:
+    if d["kwargs"].get("normalize", True) is False:
         mean, std = (0.0,) * channels, (1.0,) * channels
-    elif isinstance(norm, (list, tuple)) and len(norm) == 2:
-        mean, std = tuple(norm[0]), tuple(norm[1])
     else:
-        key = norm if isinstance(norm, str) else d["name"].partition(":")[0].lower().replace("-", "")
-        if key not in CHANNEL_STATS:
+        stats = _input_stats(d)
+        if stats is None:
             raise ConfigError(
                 f"data.autoaugment = {d['autoaugment']!r} works on images in [0, 1] and needs the "
-                f"channel statistics that standardised them; {key!r} has none (known: "
-                f"{sorted(CHANNEL_STATS)}); load raw images with data.kwargs.normalize = false"
+                f"channel statistics that standardised them; {d['name']!r} has none; load raw images "
+                "with data.kwargs.normalize = false"
             )
-        mean, std = CHANNEL_STATS[key]
+        mean, std = stats
     if len(mean) != channels:
         raise ConfigError(f"data.autoaugment: {len(mean)} channel means for images with {channels} channels")
     fill = tuple(float(m) for m in mean) if d["crop_fill"] == "mean" else 0.0

@@ -114,13 +114,13 @@ def locate(root: Path, subdirs: Sequence[str], probes: Sequence[str]) -> Path:
 
 
 def resolve_stats(
-    normalize: bool | str | tuple[Sequence[float], Sequence[float]], default: str, channels: int
+    normalize: bool | str | tuple[Sequence[float], Sequence[float]], default: str, channels: int | None
 ) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """``normalize`` -> ``(mean, std)`` per channel or ``None``.
 
     ``True``: the data set's own statistics (``default``); ``False``: none; a name of
     :data:`CHANNEL_STATS` (e.g. ``"cifar10"`` to feed SVHN to a CIFAR-10 network); or an explicit
-    ``(mean, std)`` pair with one value per channel.
+    ``(mean, std)`` pair with one value per channel (``channels``; ``None`` checks no count).
     """
     if normalize is False or normalize is None:
         return None
@@ -140,7 +140,7 @@ def resolve_stats(
         raise TypeError(
             f"normalize must be a bool, a statistics name or a (mean, std) pair, got {normalize!r}"
         )
-    if len(mean) != channels or len(std) != channels:
+    if channels is not None and (len(mean) != channels or len(std) != channels):
         raise ValueError(
             f"normalize: {len(mean)} means and {len(std)} stds for images with {channels} channels"
         )

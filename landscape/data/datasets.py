@@ -31,7 +31,7 @@ from landscape.data.cifar10c import (
 from landscape.data.common import CHANNEL_STATS, DATA_ENV, Batch
 from landscape.data.digits import load_digits
 from landscape.data.mnist import MNIST_FILES, load_fashion_mnist, load_mnist, read_idx
-from landscape.data.registry import DATA_SPECS, load_dataset
+from landscape.data.registry import DATA_SPECS, input_stats, load_dataset
 from landscape.data.svhn import SVHN_FILES, load_svhn
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "load_cifar10",
     "load_cifar100",
     "load_cifar10c",
+    "input_stats",
     "load_dataset",
     "load_digits",
     "load_fashion_mnist",

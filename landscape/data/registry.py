@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from landscape.data.cifar import load_cifar10, load_cifar100
 from landscape.data.cifar10c import load_cifar10c
-from landscape.data.common import Batch
+from landscape.data.common import Batch, resolve_stats
 from landscape.data.digits import load_digits
 from landscape.data.image_folder import IMAGE_FOLDER_DATASETS, load_image_folder
 from landscape.data.mnist import load_fashion_mnist, load_mnist
@@ -85,6 +85,40 @@ def _cifar10c(spec: str, rest: str, split: str, kwargs: dict) -> Batch:
             f"{split!r} split; use split 'test'"
         )
     return load_cifar10c(where, corruption, level, **kwargs)
+
+
+#: the channel statistics ``normalize=True`` standardises each data set with (its loader's default)
+_OWN_STATS = {
+    "mnist": "mnist",
+    "fashion-mnist": "fashion-mnist",
+    "cifar10": "cifar10",
+    "cifar10c": "cifar10",
+    "cifar100": "cifar100",
+    "cifar100-coarse": "cifar100",
+    "svhn": "svhn",
+}
+
+
+def _canonical(spec: str) -> str:
+    name = spec.partition(":")[0].lower().replace("_", "-")
+    return _ALIASES.get(name, name)
+
+
+def input_stats(
+    spec: str, normalize: bool | str | tuple = True
+) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The per-channel ``(mean, std)`` that ``load_dataset(spec, normalize=normalize)`` standardised
+    its inputs with, for undoing it (black padding, AutoAugment on [0, 1] images); ``None`` for raw
+    inputs (``normalize=False``) and for data sets without channel statistics (digits, text).
+
+    Raises:
+        ValueError: ``normalize`` names no known statistics.
+    """
+    name = _canonical(spec)
+    own = IMAGE_FOLDER_DATASETS[name].stats if name in IMAGE_FOLDER_DATASETS else _OWN_STATS.get(name)
+    if normalize is True and own is None:
+        return None
+    return resolve_stats(normalize, own or "", None)
 
 
 def load_dataset(spec: str, split: str = "train", **kwargs) -> Batch:
