@@ -8,7 +8,8 @@ robustness curve of Fisher-SAM Fig. 4; batches of 16 examples; 2 posterior sampl
 passes and ensemble members; CIFAR-10-C severities 1 and 5; the check on a growing loss (random
 labels and two steps say nothing about it; a NaN still fails); every sweep at its first value (each
 value is built and checked on the meta device by tests/test_papers_page.py); image sets at 32 px
-(the ViTs with 32-px position embeddings); a user checkpoint replaced by the seeded model's own
+(the ViTs with 32-px position embeddings); PreResNet-164, WRN-28-k, PyramidNet-272 and ResNet-152
+at a small depth of their family (SHRUNK); a user checkpoint replaced by the seeded model's own
 weights written to a file; a tiny BERT for bert-base-uncased.
 """
 
@@ -38,6 +39,18 @@ import synthetic_files  # noqa: E402
 CONFIGS = sorted(
     {c for p in make_papers.inventories() for item in p["items"] for c in item.get("configs", [])}
 )
+
+
+#: the deepest networks at a small depth / width of their own family (same classes, same keyword
+#: arguments otherwise): at full size they cost minutes per run on two CPU cores; their full-size
+#: forward passes are tested in tests/test_model_zoo_papers.py and the zoo's tests
+SHRUNK = {
+    "preresnet164": {"depth": 20},
+    "wrn28-10": {"depth": 10, "widen_factor": 2},
+    "wrn28-2": {"depth": 10},
+    "pyramidnet272": {"depth": 20, "alpha": 48},
+    "resnet152-imagenet": {"depth": 50},
+}
 
 
 def _toml(value) -> str:
@@ -86,6 +99,8 @@ def _overrides(name: str, tmp: Path) -> list[str]:
     if prefix in ("imagefolder", "imagenet", "stanford-cars", "oxford-flowers", "tinyimagenet"):
         out.append("data.kwargs.size=32")
     model = cfg["model"]
+    for key, value in SHRUNK.get(model["name"], {}).items():
+        out.append(f"model.kwargs.{key}={value}")
     if model["name"] in ("vit-b16", "deit-b"):
         out.append("model.kwargs.image_size=32")
     if model["name"] == "hf-classifier":
