@@ -6,7 +6,7 @@ What the CPU version leaves out, for time (the configs' GPU test, tests/test_exp
 runs them with their sharpness measures): the sharpness measures other than the adversarial
 robustness curve of Fisher-SAM Fig. 4; batches of 16 examples; 2 posterior samples, MC-Dropout
 passes and ensemble members; CIFAR-10-C severities 1 and 5; the check on a growing loss (random
-labels and two steps say nothing about it; a NaN still fails); every sweep at its first value (each
+labels and two steps say nothing about it; a NaN still fails); every sweep at one value (the config's own network, else the first) (each
 value is built and checked on the meta device by tests/test_papers_page.py); image sets at 32 px
 (the ViTs with 32-px position embeddings); PreResNet-164, WRN-28-k, PyramidNet-272 and ResNet-152
 at a small depth of their family (SHRUNK); a user checkpoint replaced by the seeded model's own
@@ -82,8 +82,10 @@ def _overrides(name: str, tmp: Path) -> list[str]:
                 out.append(f"methods.{m['name']}.{table}.{key}=2")
     kept = [m for m in cfg["evaluation"]["sharpness"] if m == "perturbation_robustness"]
     out.append(f"evaluation.sharpness={_toml(kept)}")
-    if cfg["sweep"]:
-        first = ", ".join(f"{_toml(k)} = [{_toml(v[0])}]" for k, v in cfg["sweep"].items())
+    if cfg["sweep"]:  # one value: the config's own network where the sweep lists it, else the first
+        chosen = {k: cfg["model"]["name"] if k == "model.name" and cfg["model"]["name"] in v else v[0]
+                  for k, v in cfg["sweep"].items()}  # fmt: skip
+        first = ", ".join(f"{_toml(k)} = [{_toml(v)}]" for k, v in chosen.items())
         out.append(f"sweep={{{first}}}")
     if cfg["evaluation"]["corruptions"]:
         c10c = synthetic_files.cifar10c(tmp / "data" / "cifar10c", rng)
@@ -99,7 +101,8 @@ def _overrides(name: str, tmp: Path) -> list[str]:
     if prefix in ("imagefolder", "imagenet", "stanford-cars", "oxford-flowers", "tinyimagenet"):
         out.append("data.kwargs.size=32")
     model = cfg["model"]
-    for key, value in SHRUNK.get(model["name"], {}).items():
+    name_run = chosen["model.name"] if "model.name" in cfg["sweep"] else model["name"]
+    for key, value in SHRUNK.get(name_run, {}).items():
         out.append(f"model.kwargs.{key}={value}")
     if model["name"] in ("vit-b16", "deit-b"):
         out.append("model.kwargs.image_size=32")
