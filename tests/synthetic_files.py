@@ -91,7 +91,7 @@ def image_folder(
 
 def tiny_imagenet(root: Path, rng: np.random.Generator, *, classes: int = 4, per_class: int = 6) -> Path:
     """The official Tiny ImageNet layout: ``train/<wnid>/images/*.JPEG`` (+ boxes), ``val/images`` with
-    ``val/val_annotations.txt``, ``wnids.txt``; 64 x 64 JPEGs."""
+    val/val_annotations.txt, wnids.txt; 64 x 64 JPEGs."""
     wnids = [f"n{1000 + c:08d}" for c in range(classes)]
     root.mkdir(parents=True, exist_ok=True)
     (root / "wnids.txt").write_text("\n".join(wnids) + "\n")
