@@ -14,6 +14,6 @@ pip install -q "einops>=0.8" "opt_einsum>=3.3" "jaxtyping>=0.2" "lightning-utili
 # the trainers of docs/recipes.md (tests/test_recipes.py): Lightning and the HuggingFace Trainer,
 # torch-based, so without their dependencies, which follow (none of them pulls torch)
 pip install -q --no-deps "lightning==2.5.6" "transformers==4.57.6" "accelerate==1.15.0"
-pip install -q fsspec pyyaml "huggingface-hub>=0.34,<1.0" "tokenizers>=0.22,<=0.23.0" safetensors regex \
+pip install -q fsspec pyyaml "huggingface-hub>=0.34,<1.0" "tokenizers>=0.22,<=0.23.0" "safetensors>=0.4" regex \
   psutil requests filelock
 python -c "import curvlinops, hessian_eigenthings, pyhessian, torchmetrics, lightning, transformers, accelerate; print('benchmark peers and recipe trainers installed')"

@@ -36,6 +36,7 @@ _PEERS_SCRIPT = "bash benchmarks/install_peers.sh"
 # top-level module -> (distribution on PyPI, how this project installs it)
 INSTALL_HINTS = {
     "curvlinops": ("curvlinops-for-pytorch", _PEERS_SCRIPT),
+    "safetensors": ("safetensors", _PEERS_SCRIPT),
     "backpack": ("backpack-for-pytorch", _PEERS_SCRIPT),
     "hessian_eigenthings": ("hessian-eigenthings", _PEERS_SCRIPT),
     "pyhessian": ("PyHessian", _PEERS_SCRIPT),

@@ -87,24 +87,6 @@ def test_all_14_operations_appear_in_the_published_policies():
     assert used == set(OPERATIONS) and len(OPERATIONS) == 14
 
 
-def test_policy_tables_equal_kornias():
-    kaa = pytest.importorskip("kornia.augmentation.auto.autoaugment.autoaugment")
-    names = {
-        "auto_contrast": "AutoContrast",
-        "shear_x": "ShearX",
-        "shear_y": "ShearY",
-        "translate_x": "TranslateX",
-        "translate_y": "TranslateY",
-    }
-    for policy, theirs in (
-        ("cifar10", kaa.cifar10_policy),
-        ("imagenet", kaa.imagenet_policy),
-        ("svhn", kaa.svhn_policy),
-    ):
-        converted = tuple(tuple((names.get(op, op.capitalize()), p, m) for op, p, m in sub) for sub in theirs)
-        assert POLICIES[policy] == converted
-
-
 # ------------------------------------------------------------------------ each operation vs PIL
 P = 10  # the authors' PARAMETER_MAX (tensorflow/models research/autoaugment)
 

@@ -109,7 +109,7 @@ SURFACE_CASES = [
         2,
         ["data directory /no/such/dir does not exist", "nothing is downloaded"],
     ),
-    (["--data", "imagenet"], 2, ["unknown data spec 'imagenet'"]),
+    (["--data", "places365"], 2, ["unknown data spec 'places365'"]),
     (["--data", "digits:test", "--split", "train"], 2, ["disagree", "give the split once"]),
     (["--data", "digits:validation"], 2, ["unknown split 'validation'"]),
     (["--device", "bogus"], 2, ["--device 'bogus' is not a device name"]),

@@ -83,7 +83,7 @@ def _maddox_code_variance(iterates: np.ndarray, rank: int, scale: float, diag: b
     return scale * (var + (np.stack(devs) ** 2).sum(axis=0) / (rank - 1))
 
 
-@pytest.mark.parametrize("row", ["swag_diag", "f_swag_diag", "swag", "f_swag"])
+@pytest.mark.parametrize("row", ["swag", "f_swag"])  # SWAG-Diag: the same runs (swag.evaluate)
 def test_flat_bnn_swag_rows_sample_at_the_authors_variance(row):
     cfg = _runs(FLAT_BNN)[row]
     swag_cfg = cfg["methods"][0]["swag"]

@@ -2,15 +2,15 @@
 real formats of its data (tests/synthetic_files.py): each method of the config trains and is
 evaluated, and every run writes finite metrics; the table of a sweep is drawn.
 
-What the CPU version leaves out, for time (the configs' GPU test, tests/test_experiments_configs.py,
-runs them with their sharpness measures): the sharpness measures other than the adversarial
+What the CPU version leaves out, for time: the sharpness measures other than the adversarial
 robustness curve of Fisher-SAM Fig. 4; batches of 16 examples; 2 posterior samples, MC-Dropout
 passes and ensemble members; CIFAR-10-C severities 1 and 5; the check on a growing loss (random
-labels and two steps say nothing about it; a NaN still fails); every sweep at one value (the config's own network, else the first) (each
-value is built and checked on the meta device by tests/test_papers_page.py); image sets at 32 px
-(the ViTs with 32-px position embeddings); PreResNet-164, WRN-28-k, PyramidNet-272 and ResNet-152
-at a small depth of their family (SHRUNK); a user checkpoint replaced by the seeded model's own
-weights written to a file; a tiny BERT for bert-base-uncased.
+labels and two steps say nothing about it; a NaN still fails); every sweep at one value, the
+config's own network or else the first (each value is built and checked on the meta device by
+tests/test_papers_page.py); image sets at 32 px (the ViTs with 32-px position embeddings);
+PreResNet-164, WRN-28-k, PyramidNet-272 and ResNet-152 at a small depth of their family (SHRUNK);
+a user checkpoint replaced by the seeded model's own weights written to a file; a tiny BERT for
+bert-base-uncased.
 """
 
 from __future__ import annotations
