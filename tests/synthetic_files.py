@@ -155,7 +155,7 @@ def tiny_bert(root: Path, seed: int = 0) -> Path:
     tokenizer.save_pretrained(root)
     cfg = transformers.BertConfig(
         vocab_size=len(VOCAB), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=16, max_position_embeddings=64, num_labels=2,
+        intermediate_size=16, max_position_embeddings=128, num_labels=2,
     )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

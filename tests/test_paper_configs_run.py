@@ -85,6 +85,8 @@ def _overrides(name: str, tmp: Path) -> list[str]:
     if cfg["sweep"]:  # one value: the config's own network where the sweep lists it, else the first
         chosen = {k: cfg["model"]["name"] if k == "model.name" and cfg["model"]["name"] in v else v[0]
                   for k, v in cfg["sweep"].items()}  # fmt: skip
+        if "data.name" in chosen:  # a swept data set read from the files written above
+            chosen["data.name"] = f"{chosen['data.name'].split(':')[0]}:{data_dir}"
         first = ", ".join(f"{_toml(k)} = [{_toml(v)}]" for k, v in chosen.items())
         out.append(f"sweep={{{first}}}")
     if cfg["evaluation"]["corruptions"]:
