@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from experiments.cluster import Work, parse_shard, pending_work, shard, submit
 from experiments.config import ConfigError, load_config
 from experiments.divergence import DivergenceRecord
 from experiments.estimate import device_name, estimate_runs, format_estimate
 from experiments.paper_figures import FIGURES, make_figure
 from experiments.parallel import from_environment
-from experiments.runner import plan_runs, resolve_device, run_one, validate
+from experiments.runner import completed, plan_entries, plan_runs, resolve_device, run_one, run_task, validate
+from experiments.status import format_status, run_states, write_plan
 from experiments.sweep_plot import numbers_path
 from experiments.table import aggregate, collect_runs, format_table, plot_table, write_text
 from experiments.toml_writer import dumps
@@ -101,6 +104,22 @@ def _parser(prog: str = "python -m experiments") -> Parser:
         metavar="K",
         help="--estimate: timed steps per method, after 3 warm-up steps (default 20)",
     )
+    run.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run only the I-th of N disjoint shares of the grid (0 <= I < N: runs I, I+N, I+2N, ... in the "
+        "grid's order); N processes (a plain shell loop, another scheduler's array job) together run every "
+        "run once, with the results of one process",
+    )
+    run.add_argument(
+        "--slurm",
+        action="store_true",
+        help="submit every run without a result as one task of a Slurm job array (through submitit) and "
+        "return; settings from the config's [slurm] table or slurm.KEY=VALUE overrides (partition, time in "
+        "minutes per task, cpus_per_task, gpus_per_task, mem_gb, account, qos, max_requeues, "
+        "sbatch = {...}); "
+        "a task stopped by its time limit or a preemption checkpoints and is requeued; see `status`",
+    )
     add_debug_option(run)
     run.intermixed = "overrides"  # options may stand among the overrides: a=1 --no-progress b=2
     table = sub.add_parser("table", help="mean ± std over seeds per method and metric")
@@ -133,6 +152,18 @@ def _parser(prog: str = "python -m experiments") -> Parser:
     )
     add_debug_option(table)
     table.intermixed = "runs"
+    status = sub.add_parser(
+        "status",
+        help="where each run of a grid stands: done, diverged, failed (error, log), running (epoch, time "
+        "left), queued, stopped, not started",
+        description="Where each planned run under RUN_DIR stands (experiments.status): done, diverged, "
+        "failed (its error line and log file), running (epoch and the time left at the mean epoch time), "
+        "queued (a Slurm task waiting), stopped (a checkpoint and no runner: the same command resumes it) "
+        "or not started, and what is left. Asks squeue where a Slurm scheduler answers.",
+    )
+    status.add_argument("runs", nargs="+", metavar="RUN_DIR", help="out_dir/NAME of a run, a study's --out")
+    status.add_argument("--format", choices=("text", "json"), default="text", help="output (default: text)")
+    add_debug_option(status)
     figure = sub.add_parser(
         "figure",
         help="a paper figure from run directories: fsam_fig4, flatbnn_fig1, flatbnn_fig2 (PNG + JSON)",
@@ -219,11 +250,23 @@ def _run(args: Any) -> int:
             validate(runs)
     except ConfigError as exc:
         raise UsageError(str(exc), "fix the config file or the key=value override") from None
+    if args.shard is not None and args.slurm:
+        raise UsageError(
+            "--shard and --slurm cannot be combined", "--slurm submits every run as a task of its own"
+        )
+    if args.shard is not None:
+        try:
+            runs = shard(runs, *parse_shard(args.shard))
+        except ValueError as exc:
+            what, _, fix = str(exc).partition(" — ")
+            raise UsageError(what, fix) from None
     if args.dry_run:
         print(dumps(cfg), end="")
         for r in runs:
             print(f"# run: {r.run_dir}")
         return 0
+    if args.slurm:
+        return _submit(args, cfg, runs)
     try:
         device = resolve_device(cfg["device"])
     except ValueError as exc:
@@ -234,9 +277,7 @@ def _run(args: Any) -> int:
         torch.set_num_threads(cfg["threads"])
     if args.estimate:
         return _estimate(runs, device, args.estimate_steps)
-    check_path(cfg["out_dir"], "out_dir", "directory")
-    for r in runs:  # a file where one of its run directories (out_dir/NAME/...) would be
-        check_path(r.run_dir, "run directory", "directory")
+    _write_plan(cfg, plan_runs(cfg))
     ctx = from_environment(cfg["distributed"], device)
     mine = ctx.my_runs(runs)
     progress = cfg["progress"] and not args.no_progress
@@ -278,6 +319,64 @@ def _run(args: Any) -> int:
         print(format_table(aggregate(rows, shown[:8])), end="")
     if diverged and ctx.is_main:
         _report_diverged(diverged, len(mine))
+    return 0
+
+
+def _write_plan(cfg: dict[str, Any], runs: list[Any]) -> Path:
+    """Check the output paths and write ``plan.json`` of the whole grid (:mod:`experiments.status`)."""
+    check_path(cfg["out_dir"], "out_dir", "directory")
+    for r in runs:  # a file where one of its run directories (out_dir/NAME/...) would be
+        check_path(r.run_dir, "run directory", "directory")
+    root = Path(cfg["out_dir"]) / cfg["name"]
+    write_plan(root, plan_entries(runs, root))
+    return root
+
+
+def _submit(args: Any, cfg: dict[str, Any], runs: list[Any]) -> int:
+    """``run --slurm``: one job-array task per run without a result (:mod:`experiments.cluster`)."""
+    root = _write_plan(cfg, runs)
+    works = [
+        Work(
+            r.run_dir,
+            run_task,
+            (r,),
+            label=str(r.run_dir.relative_to(root)),
+            max_requeues=r.cfg["slurm"]["max_requeues"],
+        )
+        for r in runs
+    ]
+    by_dir = {r.run_dir: r for r in runs}
+    todo, notes = pending_work(works, lambda w: completed(by_dir[w.run_dir]) is not None)
+    for text in notes:
+        note(text)
+    if not todo:
+        note(f"nothing to submit: every run of {root} has its result or a task in the queue")
+        return 0
+    try:
+        ids = submit(todo, cfg["slurm"], root / "slurm", name=cfg["name"])
+    except ValueError as exc:
+        what, _, fix = str(exc).partition(" — ")
+        raise UsageError(what, fix) from None
+    except RuntimeError as exc:
+        what, _, fix = str(exc).partition(" — ")
+        raise CliError(what, fix, status=1) from None
+    array = ids[0].split("_")[0]
+    note(
+        f"submitted {len(ids)} of {len(runs)} runs as Slurm job array {array} (logs in {root / 'slurm'}); "
+        f"`{args.prog} status {root}` shows where they stand, `{args.prog} table {root}` collects them"
+    )
+    return 0
+
+
+def _status(args: Any) -> int:
+    for path in args.runs:
+        check_path(path, "RUN_DIR", "any", read=True, missing_fix=f"give the out_dir of `{args.prog} run`")
+    try:
+        states = run_states(args.runs)
+    except ValueError as exc:
+        what, _, fix = str(exc).partition(" — ")
+        raise UsageError(what, fix) from None
+    print(format_status(states, args.format), end="")
     return 0
 
 
@@ -409,8 +508,10 @@ def _main(argv: list[str], prog: str = "python -m experiments") -> int:
         return _table(args)
     if args.command == "figure":
         return _figure(args)
+    if args.command == "status":
+        return _status(args)
     parser.print_help()
-    print("error: no command given — choose one of: run, table, figure", file=sys.stderr)
+    print("error: no command given — choose one of: run, table, status, figure", file=sys.stderr)
     return 2
 
 

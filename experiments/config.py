@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,11 @@ from landscape.deprecation import moved_names
 __all__ = [
     "CHOICES",
     "DEFAULTS",
+    "SLURM_DEFAULTS",
     "ConfigError",
     "apply_overrides",
+    "check_slurm",
+    "resolve_slurm",
     "load_config",
     "parse_override",
     "read_raw",
@@ -53,6 +57,28 @@ __getattr__ = moved_names(__name__, dict.fromkeys(("apply_budget", "data_limit")
 class ConfigError(ValueError):
     """A bad configuration file, key or value; the message names the key and the fix."""
 
+
+#: The ``[slurm]`` table (:mod:`experiments.cluster`): how ``run --slurm`` submits each run as one
+#: task of a job array. It changes no result (never part of a run's fingerprint). ``time`` is the
+#: time limit of one task in minutes (a run that needs longer is checkpointed and requeued before
+#: it, ``signal_delay_s`` seconds ahead, at most ``max_requeues`` times); 0 / "" leave a setting to
+#: the cluster's default; ``setup`` holds shell lines run before each task (``module load ...``),
+#: ``sbatch`` further ``#SBATCH`` options (``{exclude = "node7", mail_type = "END"}``).
+SLURM_DEFAULTS: dict[str, Any] = {
+    "partition": "",
+    "time": 60,
+    "cpus_per_task": 0,
+    "gpus_per_task": 0,
+    "mem_gb": 0.0,
+    "account": "",
+    "qos": "",
+    "constraint": "",
+    "array_parallelism": 0,
+    "signal_delay_s": 120,
+    "max_requeues": 10,
+    "setup": [],
+    "sbatch": {},
+}
 
 #: Every known key with its default value (the default also fixes the type).
 DEFAULTS: dict[str, Any] = {
@@ -129,6 +155,7 @@ DEFAULTS: dict[str, Any] = {
     "distributed": {"mode": "grid", "perturbation": "global", "backend": "auto", "sync_batchnorm": False},
     "sweep": {},
     "paper": {},
+    "slurm": SLURM_DEFAULTS,
 }
 
 #: Keys whose value must be one of a fixed set.
@@ -148,6 +175,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 #: Tables whose content is passed on unchecked.
 FREE_FORM = {
+    "slurm.sbatch",
     "data.kwargs",
     "model.kwargs",
     "train.optimizer_defaults",
@@ -410,7 +438,9 @@ def _merge(where: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) ->
             out[key] = copy.deepcopy(default)
             continue
         value = given[key]
-        if name in FREE_FORM or key in ("methods", "hyperparameters") or (key in _TABLES and where):
+        if name.endswith("slurm.sbatch") or name in FREE_FORM or key in ("methods", "hyperparameters") or (
+            key in _TABLES and where
+        ):
             out[key] = copy.deepcopy(value)
             if key != "methods":
                 _check_type(name, value, default)
@@ -602,6 +632,39 @@ def _check_sweep(cfg: dict[str, Any]) -> None:
                 raise ConfigError(f"sweep.{key} = {value!r}: {exc}") from None
 
 
+def resolve_slurm(raw: Any, where: str = "slurm") -> dict[str, Any]:
+    """A ``[slurm]`` table merged over :data:`SLURM_DEFAULTS` and checked (:func:`check_slurm`);
+    for configs that are not run configs (a study's)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config key {where} must be a table ([{where}]), got {raw!r}")
+    table = _merge(where, raw, SLURM_DEFAULTS)
+    check_slurm(table, where)
+    return table
+
+
+def check_slurm(table: dict[str, Any], where: str = "slurm") -> None:
+    """The values of a merged ``[slurm]`` table (:data:`SLURM_DEFAULTS`): positive time, counts
+    >= 0, shell lines as strings, ``sbatch`` options of plain values with names sbatch knows the
+    shape of (letters, digits, ``-`` / ``_``)."""
+    if table["time"] < 1:
+        raise ConfigError(f"{where}.time must be >= 1 (minutes per task), got {table['time']!r}")
+    for key in ("cpus_per_task", "gpus_per_task", "array_parallelism", "signal_delay_s", "max_requeues"):
+        if table[key] < 0:
+            raise ConfigError(f"{where}.{key} must be >= 0, got {table[key]!r}")
+    if table["mem_gb"] < 0:
+        raise ConfigError(
+            f"{where}.mem_gb must be >= 0 (0: the partition's default), got {table['mem_gb']!r}"
+        )
+    if not all(isinstance(line, str) for line in table["setup"]):
+        raise ConfigError(f"{where}.setup must be a list of shell lines (strings), got {table['setup']!r}")
+    for key, value in table["sbatch"].items():
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", key) or not isinstance(value, (str, int, bool)):
+            raise ConfigError(
+                f"{where}.sbatch.{key} = {value!r}: give sbatch options as name = value with a plain "
+                'name and a string, integer or boolean value, e.g. {exclude = "node7", nice = 10}'
+            )
+
+
 def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     """Merge ``raw`` over :data:`DEFAULTS`, check every key and value; returns a new dict."""
     if not isinstance(raw, Mapping):
@@ -615,6 +678,7 @@ def resolve_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     _check_numbers(cfg)
     _check_model(cfg["model"])
     _check_sweep(cfg)
+    check_slurm(cfg["slurm"])
     if not cfg["name"]:
         cfg["name"] = "experiment"
     return cfg

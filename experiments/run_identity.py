@@ -33,7 +33,7 @@ from experiments.config import resolve_config
 __all__ = ["fingerprint", "hashed_default", "run_settings", "semantic_config"]
 
 #: top-level keys that change no result: never hashed, never compared
-_NOT_SEMANTIC = ("progress", "out_dir", "device", "threads", "paper", "name")
+_NOT_SEMANTIC = ("progress", "out_dir", "device", "threads", "paper", "name", "slurm")
 #: left out of the training fingerprint (the checkpoint's): a re-evaluation resumes the training
 _EVAL_ONLY = ("evaluation",)
 

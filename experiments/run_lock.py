@@ -7,6 +7,11 @@ hard-linked to ``.lock``, which fails if it exists; ``O_CREAT | O_EXCL`` where t
 hard links) and holds JSON: ``pid``, ``host``, ``started`` (local time), ``command`` (the argv) and,
 on Linux, ``proc_start`` (the process's start time in clock ticks, to recognise a reused PID).
 
+Under Slurm (:mod:`experiments.cluster`) the lock also records the task's job id
+(``slurm_job``, from ``SLURM_JOB_ID``): Slurm runs one instance of a job at a time, so a lock of the
+same job id held by another process (on any host) is the killed predecessor of this requeued task,
+and is stale.
+
 A second runner on a locked run directory refuses (:class:`RunLocked`, one line naming the
 holder's PID, host, start time and command, and the fix) and writes nothing there. A lock left by a
 process that is gone (same host, PID not alive or reused) is *stale*: it is taken over, with a note.
@@ -38,7 +43,7 @@ from typing import Any
 from landscape.cli_common import CliError, foreign_lock, lock_pid, note, pid_alive, read_lock
 from landscape.io import require_path
 
-__all__ = ["LOCK_NAME", "RunLock", "RunLocked", "acquire", "run_dir_lock"]
+__all__ = ["LOCK_NAME", "RunLock", "RunLocked", "acquire", "lock_state", "run_dir_lock"]
 
 LOCK_NAME = ".lock"
 _FIX_GONE = "if that process is gone, delete the lock file and run again"
@@ -85,8 +90,15 @@ def _holder(info: dict[str, Any]) -> str:
     return f"PID {info['pid']} on host {info.get('host', '?')}, started {info.get('started', '?')}: {cmd}"
 
 
+def _slurm_job() -> str | None:
+    return os.environ.get("SLURM_JOB_ID") or None
+
+
 def _stale(info: dict[str, Any]) -> bool | None:
     """``True``: the holder is gone; ``False``: it runs; ``None``: another host (cannot tell)."""
+    mine = _slurm_job()
+    if mine is not None and info.get("slurm_job") == mine:  # this task's killed predecessor ...
+        return not (info.get("host") == socket.gethostname() and info["pid"] == os.getpid())
     if info.get("host") != socket.gethostname():
         return None
     pid = int(info["pid"])
@@ -163,6 +175,8 @@ def acquire(run_dir: str | os.PathLike, *, command: list[str] | None = None) -> 
         "proc_start": _proc_start(os.getpid()),
         "token": uuid.uuid4().hex,
     }
+    if _slurm_job() is not None:
+        info["slurm_job"] = _slurm_job()
     text = json.dumps(info) + "\n"
     for _ in range(10):
         seen, held = _read(lock)
@@ -192,6 +206,18 @@ def acquire(run_dir: str | os.PathLike, *, command: list[str] | None = None) -> 
         f"could not take the lock {lock}: other runners keep creating it",
         f"run one runner per run directory; {_FIX_GONE}",
     )
+
+
+def lock_state(run_dir: str | os.PathLike) -> tuple[str, dict[str, Any] | None]:
+    """``(state, holder)`` of ``run_dir``'s lock, read without taking it: ``"free"`` (no lock),
+    ``"held"`` (a live runner of this host), ``"stale"`` (its runner is gone), ``"remote"``
+    (a runner of another host: whether it still runs cannot be told here) or ``"foreign"`` (not a
+    runner's lock file); ``holder`` is the lock's JSON (``None`` for free and foreign)."""
+    _, held = _read(Path(run_dir) / LOCK_NAME)
+    if held is None:
+        return ("free" if not (Path(run_dir) / LOCK_NAME).exists() else "foreign"), None
+    stale = _stale(held)
+    return ("remote" if stale is None else "stale" if stale else "held"), held
 
 
 @contextlib.contextmanager

@@ -57,7 +57,7 @@ from landscape.io import atomic_write, atomic_write_json, atomic_write_text, rea
 from landscape.models import available_models, model_factory
 from landscape.results import Result
 
-__all__ = ["Run", "RunResult", "environment", "plan_runs", "run_one", "validate"]
+__all__ = ["Run", "RunResult", "environment", "plan_entries", "plan_runs", "run_one", "run_task", "validate"]
 
 #: names that moved to :mod:`experiments.run_identity`: importable from here, with a warning, for one
 #: release
@@ -465,3 +465,25 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r}: CUDA is not available on this machine; use device=cpu or auto")
     return dev
+
+
+def run_task(run: Run) -> dict[str, Any]:
+    """:func:`run_one` in a process of its own (a cluster task, :mod:`experiments.cluster`): on the
+    run's ``device`` with its ``threads``, outside any data-parallel group, without progress bars
+    (the per-epoch log is what ``status`` reads)."""
+    if run.cfg["threads"]:
+        torch.set_num_threads(run.cfg["threads"])
+    return run_one(run, device=resolve_device(run.cfg["device"]), ctx=DistContext(), progress=False)
+
+
+def plan_entries(runs: list[Run], root: Path) -> list[dict[str, Any]]:
+    """The ``plan.json`` entries of ``runs`` (:func:`experiments.status.write_plan`) under ``root``."""
+    return [
+        {
+            "dir": str(r.run_dir.relative_to(root)),
+            "label": str(r.run_dir.relative_to(root)),
+            "epochs": r.cfg["train"]["epochs"],
+            "done": "",
+        }
+        for r in runs
+    ]

@@ -61,7 +61,13 @@ class UsageError(CliError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised as a ``KeyboardInterrupt`` so that code saving on Ctrl-C saves on it too."""
+    """SIGTERM (or another signal of :func:`sigterm_raises_interrupt`), raised as a
+    ``KeyboardInterrupt`` so that code saving on Ctrl-C saves on it too; ``args[0]`` is the signal's
+    name (``"SIGTERM"``, ``"SIGUSR2"``)."""
+
+    @property
+    def signal_name(self) -> str:
+        return str(self.args[0]) if self.args else "SIGTERM"
 
 
 class Parser(argparse.ArgumentParser):
@@ -142,7 +148,10 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, PathError):
         return 2 if exc.usage else 1, f"error: {one_line(exc.what)}{DASH}{one_line(exc.fix)}"
     if isinstance(exc, Terminated):
-        return 143, "error: terminated by SIGTERM" + DASH + "nothing was saved; run the command again"
+        return (
+            143,
+            f"error: terminated by {exc.signal_name}" + DASH + "nothing was saved; run the command again",
+        )
     if isinstance(exc, KeyboardInterrupt):
         return 130, "error: interrupted (Ctrl-C)" + DASH + "nothing was saved; run the command again"
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
@@ -240,9 +249,10 @@ class TaskProgress:
 
 # ------------------------------------------------------------------------------------------ signals
 @contextlib.contextmanager
-def sigterm_raises_interrupt() -> Iterator[None]:
-    """While active (main thread only), the first SIGTERM raises :class:`Terminated`; later ones are
-    ignored so that the save triggered by the first one is not cut short."""
+def sigterm_raises_interrupt(signums: Sequence[int] = (signal.SIGTERM,)) -> Iterator[None]:
+    """While active (main thread only), the first of the signals ``signums`` (SIGTERM by default; a
+    cluster task adds SIGUSR2, :mod:`experiments.cluster`) raises :class:`Terminated` naming it;
+    later ones are ignored so that the save triggered by the first one is not cut short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -252,17 +262,19 @@ def sigterm_raises_interrupt() -> Iterator[None]:
         nonlocal fired
         if not fired:
             fired = True
+            name = signal.Signals(signum).name
             if interrupts_deferred.depth:  # inside an optimizer step: raised when the step ends
-                interrupts_deferred.pending = True
+                interrupts_deferred.pending = name
                 return
-            raise Terminated("SIGTERM")
+            raise Terminated(name)
 
-    old = signal.signal(signal.SIGTERM, handler)
+    old = {s: signal.signal(s, handler) for s in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
-        interrupts_deferred.pending = False
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        interrupts_deferred.pending = ""
 
 
 class _Deferred:
@@ -276,7 +288,7 @@ class _Deferred:
 
     def __init__(self) -> None:
         self.depth = 0
-        self.pending = False
+        self.pending = ""  # the name of the held signal
 
     def __enter__(self) -> None:
         self.depth += 1
@@ -284,8 +296,8 @@ class _Deferred:
     def __exit__(self, *exc: Any) -> None:
         self.depth -= 1
         if self.depth == 0 and self.pending and exc[0] is None:  # else: held for the next block's end
-            self.pending = False
-            raise Terminated("SIGTERM")
+            name, self.pending = self.pending, ""
+            raise Terminated(name)
 
 
 interrupts_deferred = _Deferred()

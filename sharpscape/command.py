@@ -6,6 +6,7 @@ Each command is one of the packages' own command lines, which keep working as ``
 |---|---|
 | `run` | `python -m experiments run CONFIG [key=value ...]` |
 | `table` | `python -m experiments table RUN_DIR ...` |
+| `status` | `python -m experiments status RUN_DIR ...` |
 | `study` | `python -m experiments.study run ...`, `... report ...` |
 | `figures` | `python -m toy_problems figures --out DIR` |
 | `sharpness` | `python -m landscape sharpness ...` |
@@ -39,6 +40,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "experiments.cli",
         ("table",),
         "mean ± std over seeds per method and metric of run directories",
+    ),
+    "status": (
+        "experiments.cli",
+        ("status",),
+        "where each run stands: done / running (epoch, time left) / queued / failed (error, log)",
     ),
     "study": ("experiments.study.__main__", (), "does flatness predict generalisation? (study run / report)"),
     "figures": ("toy_problems.__main__", ("figures",), "regenerate the papers' 2-D toy figures (PNG + JSON)"),

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from experiments.cluster import parse_shard
 from experiments.study.config import load_study_config
-from experiments.study.population import member_runs, run_population
+from experiments.study.population import member_runs, run_population, submit_population
 from experiments.study.report import write_report
 from landscape.cli_common import (
     CliError,
@@ -87,10 +89,29 @@ def _parser(prog: str = "python -m experiments.study") -> Parser:
         help="members trained and measured at a time, in worker processes of `threads` threads each "
         "(default 1: in this process); the results do not depend on it",
     )
+    run.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="slurm.KEY=VALUE",
+        help="settings of the [slurm] table for --slurm, e.g. slurm.time=120 slurm.partition=gpu",
+    )
+    run.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="train and measure only the I-th of N disjoint shares of the members (0 <= I < N); run "
+        "`report` when every share is done",
+    )
+    run.add_argument(
+        "--slurm",
+        action="store_true",
+        help="submit every member without a result as one task of a Slurm job array (through submitit) "
+        "and return; `sharpscape status DIR` shows the queue, `report` tabulates the members when done",
+    )
     run.add_argument("--dry-run", action="store_true", help="list the members' run directories and stop")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-report", action="store_true", help="skip the correlation report at the end")
     add_debug_option(run)
+    run.intermixed = "overrides"
     rep = sub.add_parser("report", help="correlation tables and figure of a finished (or partial) study")
     rep.add_argument("dir", help="the --out directory of a run")
     rep.add_argument("--figure", help="also write the figure here (.png, .pdf, .svg, ...)")
@@ -101,6 +122,28 @@ def _parser(prog: str = "python -m experiments.study") -> Parser:
     rep.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     add_debug_option(rep)
     return parser
+
+
+def _submit(cfg: dict[str, Any], out: str, prog: str) -> int:
+    """``run --slurm``: one job-array task per member without a result (:mod:`experiments.cluster`)."""
+    try:
+        ids, n = submit_population(cfg, out, log=note)
+    except ValueError as exc:
+        what, _, fix = str(exc).partition(" — ")
+        raise UsageError(what, fix or "fix the [slurm] settings") from None
+    except RuntimeError as exc:
+        what, _, fix = str(exc).partition(" — ")
+        raise CliError(what, fix, status=1) from None
+    if not ids:
+        note(f"nothing to submit: every member in {out} has its result or a task in the queue")
+        return 0
+    status = prog.replace("study", "status") if prog.endswith(" study") else "python -m experiments status"
+    note(
+        f"submitted {len(ids)} of {n} members as Slurm job array {ids[0].split('_')[0]} (logs in "
+        f"{Path(out) / 'slurm'}); `{status} {out}` shows where they stand, `{prog} report {out}` "
+        "tabulates them when done"
+    )
+    return 0
 
 
 def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
@@ -121,8 +164,13 @@ def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
         check_path(args.out, "--out", "directory")
         if args.jobs < 1:
             raise UsageError(f"--jobs must be a positive integer, got {args.jobs}", "use --jobs 1 or more")
+        if args.slurm and (args.shard is not None or args.jobs != 1):
+            raise UsageError(
+                "--slurm cannot be combined with --shard or --jobs", "--slurm submits every member as a task"
+            )
         try:
-            cfg = load_study_config(config)
+            shares = parse_shard(args.shard) if args.shard is not None else None
+            cfg = load_study_config(config, args.overrides)
         except ValueError as exc:
             what, _, fix = str(exc).partition(" — ")
             raise UsageError(what, fix or "fix the study config") from None
@@ -134,9 +182,15 @@ def _main(argv: list[str], prog: str = "python -m experiments.study") -> int:
             for _, run in members:
                 print(run.run_dir)
             return 0
+        if args.slurm:
+            return _submit(cfg, args.out, prog)
         try:
-            run_population(cfg, args.out, progress=not args.no_progress, log=note, jobs=args.jobs)
-            if not args.no_report:
+            run_population(
+                cfg, args.out, progress=not args.no_progress, log=note, jobs=args.jobs, shares=shares
+            )
+            if shares is not None:
+                note(f"share {args.shard} done; `{prog} report {args.out}` once every share is done")
+            elif not args.no_report:
                 doc = write_report(args.out)
                 print(doc["markdown"], end="")
                 note(f"tables and figure written to {args.out}")

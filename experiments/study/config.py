@@ -22,6 +22,7 @@ import hashlib
 import itertools
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy as np
 import tomllib
 
 import landscape as ls
+from experiments.config import parse_override, resolve_slurm, set_key
 from landscape.models import available_models
 
 __all__ = [
@@ -97,6 +99,7 @@ _DEFAULTS: dict[str, Any] = {
     "optimizer_options": {},
     "runner": {},
     "measures": [],
+    "slurm": {},  # how `study run --slurm` submits the members (experiments.config.SLURM_DEFAULTS)
 }
 
 
@@ -237,11 +240,13 @@ def resolve_study_config(raw: dict[str, Any]) -> dict[str, Any]:
         if name not in OPTIMIZERS or not isinstance(opts, dict):
             _fail(f"optimizer_options.{name}: use a table per optimizer of {', '.join(OPTIMIZERS)}")
     _check_runner(cfg["runner"])
+    cfg["slurm"] = resolve_slurm(cfg["slurm"])
     return cfg
 
 
-def load_study_config(path: str | Path) -> dict[str, Any]:
-    """Read and check a study TOML file (:func:`resolve_study_config`)."""
+def load_study_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Read and check a study TOML file (:func:`resolve_study_config`); ``overrides`` are
+    ``slurm.KEY=VALUE`` settings of its ``[slurm]`` table (the only ones a study takes)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(
@@ -251,6 +256,14 @@ def load_study_config(path: str | Path) -> dict[str, Any]:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"study config {path} is not valid TOML: {exc}") from None
+    for text in overrides:
+        keys, value = parse_override(text)
+        if keys[0] != "slurm" or len(keys) < 2:
+            _fail(
+                f"override {text!r}: a study run takes only slurm.KEY=VALUE settings (its other keys "
+                "are the study config's) — put it in the config file"
+            )
+        set_key(raw, keys, value, text)
     return resolve_study_config(raw)
 
 

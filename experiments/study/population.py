@@ -31,17 +31,26 @@ from typing import Any
 
 import torch
 
+from experiments.cluster import Work, pending_work, shard, submit
 from experiments.run_identity import semantic_config
 from experiments.runner import Run
+from experiments.status import write_plan
 from experiments.study.config import model_id, plan_population
 from experiments.study.measure import measure_member
 from experiments.study.members import load_member, member_run, sharpness_subset, train_member
 from landscape.io import atomic_write_json, read_json
 
-__all__ = ["member_runs", "population_ids", "run_population", "train_and_measure"]
+__all__ = [
+    "member_runs",
+    "member_task",
+    "population_ids",
+    "run_population",
+    "submit_population",
+    "train_and_measure",
+]
 
 #: Study keys that do not change what a member is (how it is sampled, named or run).
-_NOT_SEMANTIC = ("space", "sampling", "n_models", "bases", "threads", "name", "populations")
+_NOT_SEMANTIC = ("space", "sampling", "n_models", "bases", "threads", "name", "populations", "slurm")
 #: Runner keys that do not change what a member is.
 _RUNNER_NOT_SEMANTIC = ("out_dir", "progress", "threads", "device")
 
@@ -116,7 +125,7 @@ def _finished(path: Path, fp: str) -> dict[str, Any] | None:
     return d if isinstance(d, dict) and d.get("fingerprint") == fp else None
 
 
-def _member(task: tuple[dict[str, Any], dict[str, Any], Run, str, str, bool]) -> dict[str, Any]:
+def member_task(task: tuple[dict[str, Any], dict[str, Any], Run, str, str, bool]) -> dict[str, Any]:
     """Train and measure one member and write ``models/<id>.json``; returns that document."""
     point, cfg, run, out, fp, progress = task
     res = train_and_measure(point, cfg, run, progress=progress)
@@ -151,30 +160,30 @@ def _record_timing(out: Path, entry: dict[str, Any]) -> None:
     atomic_write_json(path, {"invocations": [*runs, entry]})
 
 
-def run_population(
-    cfg: dict[str, Any],
-    out_dir: str | Path,
-    *,
-    progress: bool = True,
-    log: Any = None,
-    jobs: int = 1,
-) -> list[dict[str, Any]]:
-    """Train and measure every member of :func:`member_runs` (skipping those whose
-    ``models/<id>.json`` records the same configuration), ``jobs`` at a time; returns the table rows
-    in plan order.
-
-    Writes ``study_config.json``, ``populations.json``, the runner's run directories under ``runs/``,
-    one ``models/<id>.json`` per member (atomically) and appends this invocation's wall time to
-    ``timing.json``."""
-    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
-        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
-    t0 = time.perf_counter()
-    out = Path(out_dir)
-    members = member_runs(cfg, out)  # every member's runner config is checked before any training
+def _prepare(
+    cfg: dict[str, Any], out: Path, shares: tuple[int, int] | None, progress: bool, log: Any
+) -> tuple[list[tuple[dict[str, Any], Run]], dict[str, dict[str, Any]], list[Any]]:
+    """Plan the members (checked before any training), write ``study_config.json``,
+    ``populations.json`` and ``plan.json``; returns ``(members, finished documents, tasks to do)``
+    of this share of the members (all of them when ``shares`` is ``None``)."""
+    members = member_runs(cfg, out)
     (out / "models").mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "study_config.json", cfg)
     atomic_write_json(out / "populations.json", {"populations": population_ids(cfg)})
-    torch.set_num_threads(cfg["threads"])
+    write_plan(
+        out,
+        [
+            {
+                "dir": str(run.run_dir.relative_to(out)),
+                "label": model_id(p),
+                "epochs": cfg["epochs"],
+                "done": f"models/{model_id(p)}.json",
+            }
+            for p, run in members
+        ],
+    )
+    if shares is not None:
+        members = shard(members, *shares)
     docs: dict[str, dict[str, Any]] = {}
     todo = []
     for point, run in members:
@@ -182,11 +191,55 @@ def run_population(
         fp = _fingerprint(point, cfg, run)
         done = _finished(out / "models" / f"{mid}.json", fp)
         if done is None:
-            todo.append((point, cfg, run, str(out), fp, progress and jobs == 1))
+            todo.append((point, cfg, run, str(out), fp, progress))
         else:
             docs[mid] = done
             if log is not None:
                 log(f"skipped {mid} (results exist)")
+    return members, docs, todo
+
+
+def submit_population(
+    cfg: dict[str, Any], out_dir: str | Path, *, log: Any = None, executor: str = "slurm"
+) -> tuple[list[str], int]:
+    """Submit every member without a result (and without a task still in the queue) as one task of
+    a Slurm job array (:mod:`experiments.cluster`; ``executor = "local"``: submitit's local
+    stand-in); returns ``(job ids, number of members)``. ``study report`` tabulates them when done."""
+    out = Path(out_dir)
+    members, _, todo = _prepare(cfg, out, None, False, log)
+    works = [
+        Work(task[2].run_dir, member_task, (task,), model_id(task[0]), cfg["slurm"]["max_requeues"])
+        for task in todo
+    ]
+    works, notes = pending_work(works, lambda w: False)
+    for text in notes if log is not None else ():
+        log(text)
+    return submit(works, cfg["slurm"], out / "slurm", name=cfg["name"], executor=executor), len(members)
+
+
+def run_population(
+    cfg: dict[str, Any],
+    out_dir: str | Path,
+    *,
+    progress: bool = True,
+    log: Any = None,
+    jobs: int = 1,
+    shares: tuple[int, int] | None = None,
+) -> list[dict[str, Any]]:
+    """Train and measure every member of :func:`member_runs` (skipping those whose
+    ``models/<id>.json`` records the same configuration), ``jobs`` at a time; returns the table rows
+    in plan order. ``shares = (I, N)``: only the I-th of N disjoint shares of the members
+    (:func:`experiments.cluster.shard`; the rows are this share's).
+
+    Writes ``study_config.json``, ``populations.json``, ``plan.json``, the runner's run directories
+    under ``runs/``, one ``models/<id>.json`` per member (atomically) and appends this invocation's
+    wall time to ``timing.json``."""
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    members, docs, todo = _prepare(cfg, out, shares, progress and jobs == 1, log)
+    torch.set_num_threads(cfg["threads"])
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -203,7 +256,7 @@ def run_population(
     try:
         if jobs == 1 or len(todo) <= 1:
             for task in todo:
-                finished(_member(task))
+                finished(member_task(task))
         else:
             import multiprocessing
 
@@ -211,7 +264,7 @@ def run_population(
             todo.sort(key=lambda t: t[0]["model"] == "mlp")
             ctx = multiprocessing.get_context("spawn")
             with ctx.Pool(jobs, initializer=_worker_init, initargs=(cfg["threads"],)) as pool:
-                for doc in pool.imap_unordered(_member, todo):
+                for doc in pool.imap_unordered(member_task, todo):
                     finished(doc)
     finally:
         if bar is not None:
