@@ -1,12 +1,21 @@
-"""Atomic, resumable checkpoints of a training run.
+"""Atomic, resumable checkpoints of a training run, written after every epoch and at a signal.
 
-A checkpoint holds everything the next epoch depends on: the model (parameters and buffers), the
+A checkpoint holds everything the next step depends on: the model (parameters and buffers), the
 optimizer (and the state of its own random generator), the learning-rate scheduler, the loss
 scaler, the random states of torch (CPU and CUDA), numpy and Python, the data-order and
-augmentation generators, the epoch and step counters and the per-epoch history. It is written with
-:func:`landscape.io.atomic_write` (a crash leaves the previous checkpoint intact) and read with
-``torch.load(weights_only=True)``; a run resumed from it continues bit-identically on the same
-device and software.
+augmentation generators, the epoch and step counters (``epoch``: epochs completed, ``step``:
+optimizer steps taken, ``skipped``, the divergence monitor's state) and the per-epoch history. It is
+written with :func:`landscape.io.atomic_write` (a crash leaves the previous checkpoint intact) and
+read with ``torch.load(weights_only=True)``; a run resumed from it continues bit-identically on the
+same device and software.
+
+A *mid-epoch* checkpoint (written by :class:`experiments.train.Trainer` when a SIGTERM or Ctrl-C
+stops the run between two steps of an epoch) is the same file with, in addition,
+``counters["batch"]`` (the steps done in the epoch in progress) and ``partial_epoch``: the data
+generator's state before the epoch's ``randperm`` (so the same order is redrawn), the epoch's
+partial :class:`experiments.divergence.StepLosses` (``state_dict``), its skipped steps, its first
+learning rate and the seconds it had run. A checkpoint without them (every end-of-epoch checkpoint,
+and the older epoch-only format) resumes at the start of the next epoch (``batch`` 0).
 
 It also records the fingerprints of the run's training and test data
 (:func:`experiments.data.data_fingerprints`): a resume on other data is refused, naming the set
@@ -94,8 +103,11 @@ def save_checkpoint(
     history,
     fingerprint,
     data_fingerprint: dict[str, str] | None = None,
+    partial_epoch: dict[str, Any] | None = None,
 ) -> None:
-    """Write the checkpoint of a run atomically (see the module docstring).
+    """Write the checkpoint of a run atomically (see the module docstring); ``partial_epoch``: the
+    state of the epoch in progress for a mid-epoch checkpoint (then ``counters["batch"]`` holds the
+    steps done in it), ``None`` at the end of an epoch.
 
     Raises:
         OSError: the file could not be written (the message names the path, the bytes needed and
@@ -116,6 +128,8 @@ def save_checkpoint(
     }
     if data_fingerprint is not None:
         blob["data"] = dict(data_fingerprint)
+    if partial_epoch is not None:
+        blob["partial_epoch"] = dict(partial_epoch)
     try:
         atomic_write(path, lambda p: torch.save(blob, p))
     except (OSError, RuntimeError) as exc:
@@ -234,8 +248,11 @@ def load_checkpoint(
     generators,
     fingerprint,
     data_fingerprint: dict[str, str] | None = None,
+    partial_epoch: dict[str, Any] | None = None,
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Restore a run from ``path``; returns ``(counters, history)``.
+    """Restore a run from ``path``; returns ``(counters, history)``. With a ``partial_epoch`` dict,
+    it is cleared and filled with the checkpoint's partial-epoch state (left empty for a checkpoint
+    written at the end of an epoch, and for one of the older, epoch-only format).
 
     Raises:
         ValueError: the file is not a checkpoint of this runner, or it belongs to a run with another
@@ -252,4 +269,7 @@ def load_checkpoint(
     for k, g in generators.items():
         g.set_state(blob["generators"][k])
     restore_rng(blob["rng"])
+    if partial_epoch is not None:
+        partial_epoch.clear()
+        partial_epoch.update(blob.get("partial_epoch") or {})
     return blob["counters"], blob["history"]

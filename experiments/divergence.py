@@ -252,6 +252,31 @@ class StepLosses:
     def mean(self) -> float:
         return self.total / self.count if self.count else math.nan
 
+    def state_dict(self) -> dict[str, Any]:
+        """The unread losses (0-d tensors, copied), their steps and sizes, and the running
+        ``total`` / ``count``: what a mid-epoch checkpoint (:mod:`experiments.checkpoint`) keeps of
+        a partial epoch, loadable with ``torch.load(weights_only=True)``."""
+        return {
+            "losses": [t.detach().clone() for t in self.losses],
+            "steps": list(self.steps),
+            "sizes": list(self.sizes),
+            "total": self.total,
+            "count": self.count,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None) -> None:
+        """Restore :meth:`state_dict` (the unread losses moved to ``device``); the next :meth:`read`
+        then returns what it would have returned without the save."""
+        self.losses = [t if device is None else t.to(device) for t in state["losses"]]
+        self.steps = [int(s) for s in state["steps"]]
+        self.sizes = [int(n) for n in state["sizes"]]
+        if not len(self.losses) == len(self.steps) == len(self.sizes):
+            raise ValueError(
+                f"StepLosses state with {len(self.losses)} losses, {len(self.steps)} steps and "
+                f"{len(self.sizes)} sizes: the three lists must have one entry per step"
+            )
+        self.total, self.count = float(state["total"]), int(state["count"])
+
 
 def nonfinite_weights(model: nn.Module) -> list[str]:
     """Names of the parameters and floating-point buffers of ``model`` holding NaN / inf (one host

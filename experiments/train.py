@@ -5,8 +5,17 @@ The data order of epoch ``e`` is ``randperm(N)`` drawn from a generator seeded w
 (and augmentation from a second one), the model is initialised by ``model_factory(seed=seed)``,
 the optimizer's own generator (bSAM, VSAM, SWAG, ...) is seeded with ``seed + 2000006``, the noise
 generator of Bayesian layers (a method's ``bayesian`` table) with ``seed + 3000009``; the global
-RNGs (dropout) are seeded with ``seed``. All of these states are checkpointed after every epoch, so
-a run that is stopped and resumed ends with bit-identical weights (same device and software).
+RNGs (dropout) are seeded with ``seed``. All of these states are checkpointed after every epoch and
+at a signal, so a run that is stopped and resumed ends with bit-identical weights, optimizer state,
+history (but the wall-clock ``seconds``) and logs (same device and software). Each step (batch and
+augmentation draw, optimizer step, scaler and scheduler update, counters, loss record, step log)
+runs inside one ``with interrupts_deferred:`` block (:mod:`landscape.cli_common`), so a SIGTERM
+(:class:`~landscape.cli_common.Terminated`) surfaces only between two whole steps; there, as for a
+Ctrl-C between steps, :meth:`Trainer.fit` writes a *mid-epoch checkpoint* (the steps done in the
+epoch, the data generator's state before its permutation, its partial losses:
+:mod:`experiments.checkpoint`) and re-raises, and the resumed run continues at the next step (on a
+cluster, a preempted or timed-out task loses no step; see :meth:`Trainer.fit` for where it falls
+back to the last epoch's checkpoint).
 
 The closure of a step follows the optimizer's contract (:mod:`experiments.closures`): the usual
 "backward and return the loss" (plus the KL term for Bayesian layers), or VOGN's per-example losses.
@@ -77,7 +86,9 @@ from optimizers.step_protocol import NonFiniteGradient
 
 __all__ = ["STEP_HOOK", "Trainer", "build_model", "check_model"]
 
-#: Test hook: ``STEP_HOOK(global_step)`` runs before every optimizer step (e.g. to simulate a crash).
+#: Test hook: ``STEP_HOOK(global_step)`` runs before every step (before its batch is drawn, outside
+#: the step's deferral block: an exception it raises stops the run between two steps, e.g. a
+#: simulated crash, or a ``Terminated`` that writes a mid-epoch checkpoint).
 STEP_HOOK: Callable[[int], None] | None = None
 
 AUG_SEED_OFFSET = 1_000_003
@@ -280,6 +291,10 @@ class Trainer:
         )
         self.defer_divergence = ctx.data_parallel and ctx.perturbation == "local"
         self.pending: Any = None
+        # mid-epoch checkpoints: the loaded partial epoch to resume (restore), the progress of the
+        # epoch a signal stopped between two steps (_epoch, written by fit)
+        self.resume: dict[str, Any] | None = None
+        self.interrupted: _EpochProgress | None = None
 
     # ------------------------------------------------------------------------------ epochs
     def _augment(self, x: torch.Tensor) -> torch.Tensor:
@@ -334,75 +349,106 @@ class Trainer:
             self.bn_sync.active = False
 
     def _epoch(self, epoch: int) -> dict[str, Any]:
+        """Train epoch ``epoch`` (from the step after a mid-epoch checkpoint's, if :meth:`restore`
+        loaded one); its history row. Each step (batch and augmentation draw, optimizer step,
+        scaler and scheduler update, counters, loss record, step log, divergence read) runs inside
+        one ``with interrupts_deferred:`` block, so a SIGTERM surfaces only between two whole steps;
+        there (or at a Ctrl-C between steps) :attr:`interrupted` keeps the epoch's progress for
+        :meth:`fit`'s mid-epoch checkpoint."""
         t0 = time.perf_counter()
         self.model.train()
+        resume, self.resume = self.resume, None
+        if resume is not None:  # the order of the interrupted epoch, drawn again
+            self.generators["data"].set_state(resume["data_generator"])
+        lr = self.inner.param_groups[0]["lr"]
+        progress = _EpochProgress(epoch, self.generators["data"].get_state(), lr)
+        if resume is not None:
+            progress.done, progress.skipped, progress.lr = resume["batch"], resume["skipped"], resume["lr"]
+            progress.losses.load_state_dict(resume["losses"], self.device)
+            t0 -= resume["seconds"]
         # the epoch's order, drawn on the CPU generator, moved to the device once (not per step)
         perm = torch.randperm(self.n, generator=self.generators["data"]).to(self.device)
         epochs = self.cfg["train"]["epochs"]
-        losses, skipped, every = dv.StepLosses(), 0, dv.READ_EVERY or self.monitor.window
+        losses = progress.losses
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(
                 total=self.steps_per_epoch,
+                initial=progress.done,
                 leave=False,
                 unit="step",
                 desc=f"{self.method['name']} seed {self.seed} epoch {epoch + 1}/{epochs}",
             )
-        lr = self.inner.param_groups[0]["lr"]
-        steps = self.steps_per_epoch
-        for b in range(steps):
-            idx = perm[b * self.batch_size : (b + 1) * self.batch_size]
-            n_idx = idx.shape[0]
-            x, y = self._batch(idx)
-            if STEP_HOOK is not None:
-                STEP_HOOK(self.counters["step"])
-            try:
+        try:
+            for b in range(progress.done, self.steps_per_epoch):
+                if STEP_HOOK is not None:
+                    STEP_HOOK(self.counters["step"])
                 with interrupts_deferred:  # a SIGTERM stops the run between steps, weights whole
-                    loss = self.opt.step(self.closures(x, y, n_idx, self.scaler))
-                self.scaler.update(False)
-            except SkipStep:
-                try:
-                    self.scaler.update(True)
-                except ScaleUnderflow as exc:  # non-finite at every scale: not an fp16 overflow
-                    self._stop_at_nonfinite_gradient(exc, losses, n_idx, epoch)
-                skipped += 1
-                loss = None
-            except NonFiniteGradient as exc:
-                self._stop_at_nonfinite_gradient(exc, losses, n_idx, epoch)
-                loss = None  # deferred (data parallel, local perturbation): this rank skipped the step
-            self.scheduler.step()
-            self.counters["step"] += 1
-            if loss is not None:
-                losses.add(loss, self.counters["step"], n_idx)
-                if self.step_log is not None:
-                    self.step_log.record(self.counters["step"], self.opt)
-            if (b + 1) % every and b + 1 < steps:
-                continue
-            # one host read of the losses since the last one (not one per step)
-            found = losses.read(self.monitor if self.pending is None else None, epoch + 1)
-            if found is not None:
-                self.pending = found
-                if not self.defer_divergence:
-                    raise dv.Diverged(found, self.run_dir)
+                    progress.in_step = True
+                    read = self._step(perm, b, progress)
+                    progress.done, progress.in_step = b + 1, False
+                if bar is not None and read:
+                    bar.update(b + 1 - bar.n)
+                    bar.set_postfix(loss=f"{losses.mean():.4g}")
+        except KeyboardInterrupt:  # Terminated (SIGTERM) or Ctrl-C
+            if not progress.in_step:  # between two whole steps: the state is exact
+                progress.seconds = time.perf_counter() - t0
+                self.interrupted = progress
+            raise
+        finally:
             if bar is not None:
-                bar.update(b + 1 - bar.n)
-                bar.set_postfix(loss=f"{losses.mean():.4g}")
-        if bar is not None:
-            bar.close()
-        self.counters["skipped"] += skipped
+                bar.close()
+        self.counters["skipped"] += progress.skipped
         row = {
             "epoch": epoch + 1,
             "step": self.counters["step"],
-            "lr": lr,
+            "lr": progress.lr,
             "train_loss": losses.mean(),
-            "skipped_steps": skipped,
+            "skipped_steps": progress.skipped,
         }
         if self.scaler.enabled:
             row["loss_scale"] = self.scaler.scale
         row["seconds"] = time.perf_counter() - t0
         return row
+
+    def _step(self, perm: torch.Tensor, b: int, progress: _EpochProgress) -> bool:
+        """Step ``b`` of the epoch (its batch ``perm[b * batch_size : (b + 1) * batch_size]``);
+        whether the losses were read (every ``READ_EVERY`` / window steps and at the epoch's end)."""
+        losses, epoch, steps = progress.losses, progress.epoch, self.steps_per_epoch
+        idx = perm[b * self.batch_size : (b + 1) * self.batch_size]
+        n_idx = idx.shape[0]
+        x, y = self._batch(idx)
+        try:
+            loss = self.opt.step(self.closures(x, y, n_idx, self.scaler))
+            self.scaler.update(False)
+        except SkipStep:
+            try:
+                self.scaler.update(True)
+            except ScaleUnderflow as exc:  # non-finite at every scale: not an fp16 overflow
+                self._stop_at_nonfinite_gradient(exc, losses, n_idx, epoch)
+            progress.skipped += 1
+            loss = None
+        except NonFiniteGradient as exc:
+            self._stop_at_nonfinite_gradient(exc, losses, n_idx, epoch)
+            loss = None  # deferred (data parallel, local perturbation): this rank skipped the step
+        self.scheduler.step()
+        self.counters["step"] += 1
+        if loss is not None:
+            losses.add(loss, self.counters["step"], n_idx)
+            if self.step_log is not None:
+                self.step_log.record(self.counters["step"], self.opt)
+        every = dv.READ_EVERY or self.monitor.window
+        if (b + 1) % every and b + 1 < steps:
+            return False
+        # one host read of the losses since the last one (not one per step)
+        found = losses.read(self.monitor if self.pending is None else None, epoch + 1)
+        if found is not None:
+            self.pending = found
+            if not self.defer_divergence:
+                raise dv.Diverged(found, self.run_dir)
+        return True
 
     def _stop_at_nonfinite_gradient(
         self, exc: NonFiniteGradient | ScaleUnderflow, losses: dv.StepLosses, size: int, epoch: int
@@ -448,17 +494,39 @@ class Trainer:
 
     def restore(self) -> bool:
         """Load the run's last checkpoint (weights, optimizer, schedule, scaler, generators,
-        counters, history) if there is one; return whether there was."""
+        counters, history) if there is one; return whether there was. A mid-epoch checkpoint's
+        partial epoch is kept in :attr:`resume`: the next :meth:`_epoch` continues it at the step
+        after the checkpoint's."""
         ckpt = self.run_dir / "checkpoint.pt"
         if not ckpt.is_file():
             return False
-        self.counters, self.history = load_checkpoint(ckpt, fingerprint=self.fingerprint, **self._state())
+        partial: dict[str, Any] = {}
+        counters, self.history = load_checkpoint(
+            ckpt, fingerprint=self.fingerprint, partial_epoch=partial, **self._state()
+        )
+        self.counters = dict(counters)
+        batch = int(self.counters.pop("batch", 0))  # the older, epoch-only format has none
+        self.resume = {**partial, "batch": batch} if partial else None
         self.monitor.load_state_dict(self.counters.get("divergence"), self.history)
         _swag_to(self.opt, self.device)
         return True
 
     def fit(self) -> None:
-        """Train from the last checkpoint (if any) to the last epoch, checkpointing every epoch."""
+        """Train from the last checkpoint (if any) to the last epoch, checkpointing every epoch and
+        at a signal.
+
+        A ``KeyboardInterrupt`` (:class:`landscape.cli_common.Terminated` for a SIGTERM, or Ctrl-C)
+        that surfaces between two steps of an epoch writes a mid-epoch checkpoint (same file, see
+        :mod:`experiments.checkpoint`), appends the step log's records up to that step and is
+        re-raised; the resumed run continues at the next step and ends bit-identically (weights,
+        optimizer, history except ``seconds``, logs). The mid-epoch write is skipped, so the run
+        resumes from the last epoch's checkpoint as before, when it cannot be exact: a Ctrl-C that
+        lands inside a step (a SIGTERM there is deferred to the step's end), an interrupt outside the
+        loop over the steps (the end-of-epoch checks and evaluation, the epoch's checkpoint write),
+        data parallelism (``distributed.mode = "data_parallel"`` with more than one rank: the ranks
+        would have to agree on the step), and a divergence record held for the ranks' agreement at
+        the epoch's end (:attr:`pending`).
+        """
         ckpt = self.run_dir / "checkpoint.pt"
         state = self._state()
         self.restore()
@@ -487,9 +555,35 @@ class Trainer:
                     )
                     logger.write(self.history)
                 self.ctx.barrier()
+        except KeyboardInterrupt:
+            self._save_interrupted(ckpt, state, logger)
+            raise
         finally:
             if logger is not None:
                 logger.close()
+
+    def _save_interrupted(self, ckpt: Path, state: dict[str, Any], logger: EpochLogger | None) -> None:
+        """The mid-epoch checkpoint of :meth:`fit` (where it can be exact; see there), then the step
+        log's records up to its step. A failed write is a warning: the interrupt goes on, and the
+        previous checkpoint is intact."""
+        progress, self.interrupted = self.interrupted, None
+        if progress is None or not self.ctx.is_main or self.ctx.data_parallel or self.pending is not None:
+            return
+        counters = {**self.counters, "divergence": self.monitor.state_dict(), "batch": progress.done}
+        try:
+            save_checkpoint(
+                ckpt,
+                history=self.history,
+                counters=counters,
+                fingerprint=self.fingerprint,
+                partial_epoch=progress.state_dict(),
+                **state,
+            )
+        except OSError as exc:
+            warnings.warn(f"no mid-epoch checkpoint: {exc}", RuntimeWarning, stacklevel=2)
+            return
+        if logger is not None and logger.steps is not None:
+            logger.steps.flush()
 
     def _end_of_epoch_checks(self, row: dict[str, Any], epoch: int, evaluate: bool) -> None:
         """Weights finite, the per-epoch test metrics (main rank) finite, the ranks agreeing on a
@@ -510,6 +604,38 @@ class Trainer:
             raise dv.Diverged(
                 found.complete(self.monitor.record(found.reason, step=step, epoch=epoch + 1)), self.run_dir
             )
+
+
+@dataclasses.dataclass
+class _EpochProgress:
+    """An epoch in progress: its index, the data generator's state before its ``randperm``, its
+    first learning rate, the steps done, its step losses, skipped steps and seconds run, and
+    whether a step is under way (the state is then not that of a step boundary)."""
+
+    epoch: int
+    data_generator: torch.Tensor
+    lr: Any
+    done: int = 0
+    losses: dv.StepLosses = dataclasses.field(default_factory=dv.StepLosses)
+    skipped: int = 0
+    seconds: float = 0.0
+    in_step: bool = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's ``partial_epoch`` (``done`` goes to ``counters["batch"]``)."""
+        lr = self.lr  # as the history row keeps it; numpy numbers would not load with weights_only
+        if isinstance(lr, torch.Tensor):
+            lr = lr.detach().cpu().clone()
+        elif type(lr) not in (int, float):
+            lr = float(lr)
+        return {
+            "epoch": self.epoch,
+            "data_generator": self.data_generator,
+            "lr": lr,
+            "losses": self.losses.state_dict(),
+            "skipped": self.skipped,
+            "seconds": self.seconds,
+        }
 
 
 def _compiled_forward(model: nn.Module, mode: str, create_graph: bool) -> Callable[..., Any]:

@@ -34,7 +34,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import experiments.divergence as dv
-import experiments.train as train_mod
 from experiments.config import resolve_config
 from experiments.methods import available_methods
 from experiments.parallel import DistContext
@@ -131,11 +130,13 @@ def _count(monkeypatch, opt, run) -> _Reads:
     """Run ``run()`` with every host read recorded (module docstring)."""
     mode = _Reads(opt)
 
-    class InStep:  # replaces the runner's ``with interrupts_deferred:`` around ``opt.step``
-        def __enter__(self):
-            mode.phase, mode.step = "step", mode.step + 1
+    step = opt.step  # the run's optimizer step, marked as the "step" phase
 
-        def __exit__(self, *exc):
+    def in_step(*a, **k):
+        mode.phase, mode.step = "step", mode.step + 1
+        try:
+            return step(*a, **k)
+        finally:
             mode.phase = "runner"
 
     for name in ("tolist", "numpy"):
@@ -146,7 +147,7 @@ def _count(monkeypatch, opt, run) -> _Reads:
             return _original(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, wrapped)
-    monkeypatch.setattr(train_mod, "interrupts_deferred", InStep())
+    monkeypatch.setattr(opt, "step", in_step)
     monkeypatch.setattr(dv.StepLosses, "read", _phase(mode, "window", dv.StepLosses.read))
     with mode:
         run()
