@@ -4,8 +4,8 @@
 Every failure ends in one ``error: <what> — <how to fix>`` line on stderr (``--debug`` adds the
 traceback) and an exit status: 2 for a bad command line or configuration (unknown key, method or
 model, wrong type), 1 for a failure while running (missing data directory), 130 / 143
-when interrupted (Ctrl-C / SIGTERM; the epochs completed so far are checkpointed and the same
-command resumes).
+when interrupted (Ctrl-C / SIGTERM; the run is checkpointed at the step it stopped, or at its last
+epoch, and the same command resumes).
 
 A run that diverges (:mod:`experiments.divergence`: non-finite loss, weights or predictions, or a
 training loss above ``train.divergence_factor`` times the initial one) does not stop the sweep: it
@@ -301,13 +301,14 @@ def _run(args: Any) -> int:
     except Terminated:
         raise CliError(
             "terminated by SIGTERM",
-            "the epochs completed so far are checkpointed; run the same command again to resume",
+            "the run is checkpointed at the step it stopped; run the same command again to resume",
             status=143,
         ) from None
     except KeyboardInterrupt:
         raise CliError(
             "interrupted (Ctrl-C)",
-            "the epochs completed so far are checkpointed; run the same command again to resume",
+            "the epochs completed so far are checkpointed (and the step, if it stopped between two); run "
+            "the same command again to resume",
             status=130,
         ) from None
     finally:
