@@ -30,7 +30,7 @@ from experiments.estimate import device_name, estimate_runs, format_estimate
 from experiments.paper_figures import FIGURES, make_figure
 from experiments.parallel import from_environment
 from experiments.runner import completed, plan_entries, plan_runs, resolve_device, run_one, run_task, validate
-from experiments.status import format_status, run_states, write_plan
+from experiments.status import format_status, missing_runs, run_states, write_plan
 from experiments.sweep_plot import numbers_path
 from experiments.table import aggregate, collect_runs, format_table, plot_table, write_text
 from experiments.toml_writer import dumps
@@ -426,6 +426,7 @@ def _table(args: Any) -> int:
         what, _, fix = str(exc).partition(" — ")
         raise UsageError(what, fix or f"give run directories written by `{args.prog} run`") from None
     dirs = dict.fromkeys(r["_dir"] for r in rows)
+    _note_missing(args.runs, set(dirs), args.prog)
     numbers = str(numbers_path(args.plot)) if args.plot else None
     check_outputs(
         {"--out": args.out, "--plot": args.plot, "--plot's numbers": numbers},
@@ -454,6 +455,23 @@ def _table(args: Any) -> int:
         plot_table(entries, args.plot, metrics, error="stderr" if args.stderr else "std")
         note(f"figure written to {args.plot}, its numbers to {numbers}")
     return 0
+
+
+def _note_missing(paths: list[str], have: set[str], prog: str) -> None:
+    """Say which planned runs (``plan.json``, :mod:`experiments.status`) the table still lacks."""
+    missing = missing_runs(paths, have)
+    if not missing:
+        return
+    counts: dict[str, int] = {}
+    for m in missing:
+        counts[m.state] = counts.get(m.state, 0) + 1
+    how = ", ".join(f"{n} {state}" for state, n in counts.items())
+    shown = ", ".join(m.label for m in missing[:8]) + (", ..." if len(missing) > 8 else "")
+    note(
+        f"the table lacks {len(missing)} planned run{'s' if len(missing) > 1 else ''} ({how}): {shown}; "
+        f"`{prog} status "
+        f"{' '.join(paths)}` says more"
+    )
 
 
 def _figure(args: Any) -> int:

@@ -438,8 +438,11 @@ def _merge(where: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) ->
             out[key] = copy.deepcopy(default)
             continue
         value = given[key]
-        if name.endswith("slurm.sbatch") or name in FREE_FORM or key in ("methods", "hyperparameters") or (
-            key in _TABLES and where
+        if (
+            name.endswith("slurm.sbatch")
+            or name in FREE_FORM
+            or key in ("methods", "hyperparameters")
+            or (key in _TABLES and where)
         ):
             out[key] = copy.deepcopy(value)
             if key != "methods":

@@ -13,6 +13,10 @@ Per run::
     training h   = members x epochs x steps_per_epoch x median step time
     evaluation h = the timed evaluation pass (x members for a deep ensemble)
     total h      = runs x (training h + evaluation h)    (runs = the number of seeds)
+    h per run    = training h + evaluation h              (one task of ``run --slurm``)
+
+The last line proposes ``slurm.time`` for ``--slurm``: the longest run's time plus a fifth, in
+minutes (:mod:`experiments.cluster`; a shorter limit is no error, the task is requeued).
 
 Sharpness measures and CIFAR-10-C corruption sets are not timed and are listed as "not included";
 neither are the per-epoch test metrics (``evaluation.every``) nor checkpoints. Nothing is written
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import platform
 import statistics
 import tempfile
@@ -77,9 +82,15 @@ class Estimate:
         return (self.eval_s or 0.0) / 3600.0
 
     @property
-    def total_h(self) -> float | None:
+    def run_h(self) -> float | None:
+        """One run: one task of ``run --slurm`` (:mod:`experiments.cluster`)."""
         train = self.train_h
-        return None if train is None else self.runs * (train + self.eval_h)
+        return None if train is None else train + self.eval_h
+
+    @property
+    def total_h(self) -> float | None:
+        run = self.run_h
+        return None if run is None else self.runs * run
 
 
 class _Stop(Exception):
@@ -247,19 +258,19 @@ def format_estimate(estimates: list[Estimate], device: str, *, steps: int, warmu
         "warm-up steps per method):",
         "",
         "| variant | method | steps/epoch | epochs | ms/step | projected training h | evaluation h | runs "
-        "| total h |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| total h | h per run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in estimates:
         variant = e.variant or "-"
         if e.error is not None:
             text = e.error.replace("|", "/")
-            lines.append(f"| {variant} | {e.method} | error: {text} | | | | | {e.runs} | |")
+            lines.append(f"| {variant} | {e.method} | error: {text} | | | | | {e.runs} | | |")
             continue
         epochs = f"{e.epochs} x {e.members} members" if e.members > 1 else str(e.epochs)
         lines.append(
             f"| {variant} | {e.method} | {e.steps_per_epoch} | {epochs} | {e.step_ms:.3g} | {_h(e.train_h)} "
-            f"| {_h(e.eval_h)} | {e.runs} | {_h(e.total_h)} |"
+            f"| {_h(e.eval_h)} | {e.runs} | {_h(e.total_h)} | {_h(e.run_h)} |"
         )
     per_method: dict[str, float] = {}
     for e in estimates:
@@ -273,6 +284,14 @@ def format_estimate(estimates: list[Estimate], device: str, *, steps: int, warmu
     runs = sum(e.runs for e in estimates if e.error is None)
     tail = f" ({len(failed)} (variant, method) not estimated: errors above)" if failed else ""
     lines.append(f"total: {_h(total)} h for {runs} runs on {device}{tail}")
+    longest = max((e for e in estimates if e.run_h is not None), key=lambda e: e.run_h, default=None)
+    if longest is not None:
+        where = f"{longest.variant}, {longest.method}" if longest.variant else longest.method
+        minutes = math.ceil(longest.run_h * 72)  # minutes, a fifth more: checkpoints, metrics, start-up
+        lines.append(
+            f"per task (one run under --slurm): at most {_h(longest.run_h)} h ({where}); slurm.time = "
+            f"{minutes} (minutes, a fifth above it) runs each task in one go, a shorter limit requeues it"
+        )
     missing = sorted({x for e in estimates for x in e.not_included})
     if missing:
         lines.append(f"not included: {', '.join(missing)}; per-epoch test metrics and checkpoints")

@@ -191,6 +191,9 @@ def _state(root: Path, entry: dict[str, Any], queue: dict[str, str] | None) -> R
         _progress(st, run_dir)
     elif in_queue in QUEUED or (queue is None and job.get("state") in ("queued", "requeued")):
         st.state, st.detail = "queued", f"job {st.job}" + (f" ({in_queue.lower()})" if in_queue else "")
+    elif queue is None and job.get("state") == "running":  # the job record alone: no scheduler answers
+        st.state = "running"
+        _progress(st, run_dir)
     elif job.get("state") in ("queued", "requeued", "running", "stopped") and queue is not None:
         # the scheduler no longer runs it, and it left no result: killed, timed out, cancelled
         ended = f"Slurm: {in_queue.lower()}" if in_queue else "no longer in the queue"
@@ -246,6 +249,10 @@ def missing_runs(paths: list[str | Path], have: set[str]) -> list[RunState]:
     return [_state(root, e, q) for root, e in left]
 
 
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
 def format_status(states: list[RunState], fmt: str = "text") -> str:
     """A table of the runs (``fmt = "json"``: a JSON document) and a summary line: the count per
     state and, for what is left, the epochs still to train where known."""
@@ -266,11 +273,11 @@ def format_status(states: list[RunState], fmt: str = "text") -> str:
             extra += f" (log: {x.log})"
         lines.append(f"{x.state:<11}  {x.label:<{width}}  {extra}".rstrip())
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    lines.append(f"{len(states)} runs: {summary}")
+    lines.append(f"{_runs(len(states))}: {summary}")
     if left:
-        secs = [x.seconds_left for x in left if x.seconds_left is not None]
+        secs = [x.seconds_left for x in left if x.state == "running" and x.seconds_left is not None]
         eta = f"; the running ones need about {format_seconds(max(secs))} more" if secs else ""
-        lines.append(f"left: {len(left)} runs{eta}")
+        lines.append(f"left: {_runs(len(left))}{eta}")
     else:
         lines.append("left: nothing; every run has its result")
     return "\n".join(lines) + "\n"

@@ -72,14 +72,37 @@ class Cluster:
         )
 
     def stop(self) -> None:
+        """Cancel every job (and wait for its processes), then stop the daemons."""
+        jobs = self.command("squeue", "--noheader", "--format=%A", check=False).split()
+        if jobs:
+            self.command("scancel", "--full", *jobs, check=False)
+            end = time.monotonic() + 30
+            while time.monotonic() < end and self.command("squeue", "--noheader", check=False).strip():
+                time.sleep(0.5)
         for name in reversed(DAEMONS):
             pid = self.pids.get(name)
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        time.sleep(0.5)
+            if not pid:
+                continue
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            end = time.monotonic() + 10
+            while time.monotonic() < end and _alive(pid):
+                time.sleep(0.2)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of a daemon this process started is gone too
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _read_pid(path: Path, timeout: float = 20.0) -> int:

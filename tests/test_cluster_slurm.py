@@ -189,7 +189,7 @@ def test_a_killed_task_is_reported_failed_with_its_log_and_resubmitted(slurm_env
     capsys.readouterr()
     assert runner_main(["status", str(root)]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("failed") and f"(log: {state.log})" in text and "1 runs: 1 failed" in text
+    assert text.startswith("failed") and f"(log: {state.log})" in text and "1 run: 1 failed" in text
     # the same command submits it again; it resumes from its last checkpoint (the lock the killed
     # task left is recognised by its Slurm job id)
     epochs_before = len(torch.load(run_dir / "checkpoint.pt", weights_only=True)["history"])

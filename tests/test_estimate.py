@@ -106,6 +106,7 @@ def test_estimate_prints_one_row_per_variant_and_method_and_writes_nothing(tmp_p
         assert float(row[4]) == pytest.approx(est.step_ms, rel=1e-2)
         assert float(row[5]) == pytest.approx(hours, rel=1e-2)
         assert float(row[8]) == pytest.approx(est.total_h, rel=1e-2)
+        assert float(row[9]) == pytest.approx(hours + est.eval_s / 3600, rel=1e-2)  # one run: one task
     good = [e for e in returned if e.error is None]
     total = sum(e.total_h for e in good)
     total_line = next(ln for ln in out.splitlines() if ln.startswith("total:"))
@@ -117,6 +118,10 @@ def test_estimate_prints_one_row_per_variant_and_method_and_writes_nothing(tmp_p
             sum(e.total_h for e in good if e.method == m), rel=1e-2
         )
     assert "not included: sharpness lambda_max" in out
+    longest = max(good, key=lambda e: e.run_h)
+    task_line = next(ln for ln in out.splitlines() if ln.startswith("per task"))
+    assert float(task_line.split()[8]) == pytest.approx(longest.run_h, rel=1e-2)
+    assert f"slurm.time = {math.ceil(longest.run_h * 72)} " in task_line
 
 
 def test_step_times_span_epochs_and_median(tmp_path):
