@@ -293,3 +293,12 @@ def test_queue_states_read_squeue_under_both_ids_and_none_without_it(tmp_path, m
     assert cluster.queue_states() is None
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     assert cluster.queue_states() is None
+
+
+def test_the_guides_slurm_table_lists_every_key_with_its_default():
+    import tomllib
+
+    text = (ROOT / "docs" / "cluster.md").read_text()
+    rows = [ln.split("|")[1:3] for ln in text.splitlines() if ln.startswith("| `")]
+    listed = {k.strip().strip("`"): tomllib.loads(f"v = {d.strip().strip('`')}")["v"] for k, d in rows}
+    assert listed == SLURM_DEFAULTS

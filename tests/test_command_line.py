@@ -26,7 +26,7 @@ from sharpscape import command, dashboard, resources
 from toy_problems.__main__ import _parser as figures_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("run", "table", "study", "figures", "sharpness", "surface", "dashboard")
+COMMANDS = ("run", "table", "status", "study", "figures", "sharpness", "surface", "dashboard")
 
 
 def _exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -71,6 +71,7 @@ def test_each_command_help_names_sharpscape(name, capsys):
 BAD = {
     "run": ["configs/digits_sam_vs_sgd.toml", "--bogus"],
     "table": ["runs", "--format", "xml"],
+    "status": ["runs", "--format", "xml"],
     "study": ["run", "configs/study_digits.toml"],  # --out is required
     "figures": ["--out", "figs", "--resolution", "3"],
     "sharpness": ["--model", "mlp", "--bogus"],
