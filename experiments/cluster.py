@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 from experiments.run_lock import LOCK_NAME, lock_state
 from landscape.cli_common import Terminated, describe_error, note, sigterm_raises_interrupt
-from landscape.io import atomic_write_json, read_json
+from landscape.io import atomic_write_json, read_json_object
 
 __all__ = [
     "JOB_FILE",
@@ -97,14 +97,7 @@ def shard(items: Sequence[T], index: int, count: int) -> list[T]:
 # ------------------------------------------------------------------------------------- job records
 def read_job(run_dir: str | Path) -> dict[str, Any] | None:
     """The run directory's ``job.json`` (``None`` without one, or for an unreadable one)."""
-    path = Path(run_dir) / JOB_FILE
-    if not path.is_file():
-        return None
-    try:
-        doc = read_json(path, what="job record")
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
+    return read_json_object(Path(run_dir) / JOB_FILE, what="job record")
 
 
 def write_job(run_dir: str | Path, **fields: Any) -> dict[str, Any]:

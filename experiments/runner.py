@@ -53,7 +53,7 @@ from experiments.toml_writer import dumps
 from experiments.train import Trainer, check_model
 from landscape.data import CIFAR10C_ALL_CORRUPTIONS
 from landscape.deprecation import moved_names
-from landscape.io import atomic_write, atomic_write_json, atomic_write_text, read_json
+from landscape.io import atomic_write, atomic_write_json, atomic_write_text, read_json_object
 from landscape.models import available_models, model_factory
 from landscape.results import Result
 
@@ -278,14 +278,8 @@ def _save_noise(run_dir: Path, data: Any) -> None:
 def completed(run: Run) -> dict[str, Any] | None:
     """The metrics of a finished run with this configuration (``{"status": "diverged", "divergence":
     record}`` for a run that diverged), or ``None``."""
-    path = run.run_dir / "results.json"
-    if not path.is_file():
-        return None
-    try:
-        d = read_json(path, what="results file")
-    except ValueError:
-        return None
-    if isinstance(d, dict) and d.get("fingerprint") == run_identity.fingerprint(run.cfg, training_only=False):
+    d = read_json_object(run.run_dir / "results.json", what="results file")
+    if d is not None and d.get("fingerprint") == run_identity.fingerprint(run.cfg, training_only=False):
         if d.get("status") == "diverged":
             return {"status": "diverged", "divergence": d.get("divergence", {})}
         return d.get("metrics")

@@ -32,7 +32,7 @@ from typing import Any
 from experiments.cluster import QUEUED, RUNNING, queue_states, read_job
 from experiments.run_lock import lock_state
 from landscape.cli_common import format_seconds
-from landscape.io import atomic_write_json, read_json
+from landscape.io import atomic_write_json, read_json, read_json_object
 
 __all__ = ["PLAN_FILE", "STATES", "RunState", "format_status", "missing_runs", "run_states", "write_plan"]
 
@@ -159,13 +159,9 @@ def _last_line(path: str) -> str:
 
 def _result_state(root: Path, entry: dict[str, Any], run_dir: Path) -> RunState | None:
     done = root / entry.get("done", "results.json") if entry.get("done") else run_dir / "results.json"
-    if not done.is_file():
+    doc = read_json_object(done, what="result")
+    if doc is None:
         return None
-    try:
-        doc = read_json(done, what="result")
-    except ValueError:
-        return None
-    doc = doc if isinstance(doc, dict) else {}
     row = doc.get("row") if isinstance(doc.get("row"), dict) else doc  # a study member's models/<id>.json
     if row.get("status") == "diverged":
         reason = row.get("divergence")

@@ -290,3 +290,15 @@ def read_json(path: str | os.PathLike, *, what: str = "JSON file", fix: str | No
         raise ValueError(
             f"{path}: the {what} nests too deeply; the file is corrupt or malicious{tail}"
         ) from None
+
+
+def read_json_object(path: str | os.PathLike, *, what: str = "JSON file") -> dict[str, Any] | None:
+    """The JSON object (a dict) in ``path``, or ``None`` when there is no such file or it is not a
+    readable JSON object (a record that is missing or half-written counts as absent)."""
+    if not Path(path).is_file():
+        return None
+    try:
+        doc = read_json(path, what=what)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None

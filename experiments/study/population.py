@@ -38,7 +38,7 @@ from experiments.status import write_plan
 from experiments.study.config import model_id, plan_population
 from experiments.study.measure import measure_member
 from experiments.study.members import load_member, member_run, sharpness_subset, train_member
-from landscape.io import atomic_write_json, read_json
+from landscape.io import atomic_write_json, read_json, read_json_object
 
 __all__ = [
     "member_runs",
@@ -116,13 +116,8 @@ def _fingerprint(point: dict[str, Any], cfg: dict[str, Any], run: Run) -> str:
 
 
 def _finished(path: Path, fp: str) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        d = read_json(path, what="model result")
-    except ValueError:
-        return None
-    return d if isinstance(d, dict) and d.get("fingerprint") == fp else None
+    d = read_json_object(path, what="model result")
+    return d if d is not None and d.get("fingerprint") == fp else None
 
 
 def member_task(task: tuple[dict[str, Any], dict[str, Any], Run, str, str, bool]) -> dict[str, Any]:
