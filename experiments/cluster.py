@@ -271,16 +271,23 @@ def _drop_dead_lock(run_dir: Path, queue: dict[str, str] | None) -> None:
 
 
 def pending_work(works: Sequence[Work], done: Callable[[Work], bool]) -> tuple[list[Work], list[str]]:
-    """The works to submit (those not ``done`` whose last task is not still queued or running)
-    and one note per work left out."""
+    """The works to submit (those not ``done`` whose last task is not still queued or running; where
+    ``squeue`` cannot be asked, those whose record says queued or running are left out too) and one
+    note per work left out."""
     queue = queue_states()
     todo, notes = [], []
     for w in works:
         if done(w):
             continue
-        job = read_job(w.run_dir)
-        if job and job.get("id") and queue is not None and queue.get(job["id"]) in QUEUED | RUNNING:
+        job = read_job(w.run_dir) or {}
+        if job.get("id") and queue is not None and queue.get(job["id"]) in QUEUED | RUNNING:
             notes.append(f"{w.label or w.run_dir}: already {queue[job['id']].lower()} as job {job['id']}")
+            continue
+        if queue is None and job.get("state") in ("queued", "requeued", "running"):
+            notes.append(
+                f"{w.label or w.run_dir}: not submitted again: its job {job.get('id')} may still be "
+                f"{job['state']}, and squeue cannot be asked from here"
+            )
             continue
         _drop_dead_lock(w.run_dir, queue)
         todo.append(w)

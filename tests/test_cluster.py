@@ -302,3 +302,21 @@ def test_the_guides_slurm_table_lists_every_key_with_its_default():
     rows = [ln.split("|")[1:3] for ln in text.splitlines() if ln.startswith("| `")]
     listed = {k.strip().strip("`"): tomllib.loads(f"v = {d.strip().strip('`')}")["v"] for k, d in rows}
     assert listed == SLURM_DEFAULTS
+
+
+def test_the_same_submission_again_leaves_out_finished_queued_and_running_runs(tmp_path, monkeypatch):
+    works = [Work(tmp_path / n, _fail, (), n) for n in "abcde"]
+    write_job(tmp_path / "b", id="7_1", state="queued")
+    write_job(tmp_path / "c", id="7_2", state="running")
+    write_job(tmp_path / "d", id="7_3", state="running")  # killed: gone from the queue
+    done = {tmp_path / "a"}
+    monkeypatch.setattr(
+        cluster, "queue_states", lambda: {"7_1": "PENDING", "7_2": "RUNNING", "7_3": "FAILED"}
+    )
+    todo, notes = cluster.pending_work(works, lambda w: w.run_dir in done)
+    assert [w.label for w in todo] == ["d", "e"]
+    assert notes == ["b: already pending as job 7_1", "c: already running as job 7_2"]
+    monkeypatch.setattr(cluster, "queue_states", lambda: None)  # no scheduler to ask: trust the records
+    todo, notes = cluster.pending_work(works, lambda w: w.run_dir in done)
+    assert [w.label for w in todo] == ["e"] and len(notes) == 3
+    assert "squeue cannot be asked" in notes[0]
