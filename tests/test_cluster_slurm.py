@@ -10,6 +10,7 @@ submission path itself is also tested on submitit's local executor (``test_clust
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -25,8 +26,6 @@ from experiments.study.__main__ import main as study_main
 from experiments.study.config import load_study_config
 from tests import slurm_cluster
 
-pytest.importorskip("submitit")
-
 CONFIG = "digits_sam_vs_sgd"
 SMALL = ["seeds=[0,1]", "train.epochs=3", "evaluation.sharpness=[]", "threads=1"]
 
@@ -34,6 +33,8 @@ SMALL = ["seeds=[0,1]", "train.epochs=3", "evaluation.sharpness=[]", "threads=1"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     why = slurm_cluster.unavailable()
+    if why is None and importlib.util.find_spec("submitit") is None:
+        why = "submitit is not installed (pip install submitit; it is in the test extra)"
     if why is not None:
         if os.environ.get("SHARPSCAPE_REQUIRE_SLURM") == "1":
             pytest.fail(f"SHARPSCAPE_REQUIRE_SLURM=1 but {why}")
