@@ -184,7 +184,9 @@ def execute(work: Work) -> Any:
     restarts = job["restarts"] if job else 0
     write_job(
         work.run_dir,
+        **({"id": job["id"]} if job else {}),
         state="running",
+        error="",
         host=socket.gethostname(),
         pid=os.getpid(),
         started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -315,14 +317,9 @@ def submit(
         ) from None
     now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     for w, job in zip(works, jobs):
-        write_job(
-            w.run_dir,
-            scheduler=executor,
-            id=str(job.job_id),
-            state="queued",
-            submitted=now,
-            stdout=str(job.paths.stdout),
-            stderr=str(job.paths.stderr),
-            error="",
-        )
+        fields = {"scheduler": executor, "id": str(job.job_id), "submitted": now}
+        fields.update(stdout=str(job.paths.stdout), stderr=str(job.paths.stderr))
+        if (read_job(w.run_dir) or {}).get("id") != fields["id"]:  # else the task has started already
+            fields.update(state="queued", error="")
+        write_job(w.run_dir, **fields)
     return [str(j.job_id) for j in jobs]
