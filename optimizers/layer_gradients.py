@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.grad import conv1d_weight, conv2d_weight
-from torch.nn.modules.batchnorm import _BatchNorm
 
 __all__ = ["LAYERS", "conv_padding", "group_gradients", "squared_sums", "to_groups", "why_not"]
 
@@ -207,4 +206,3 @@ def squared_sums(
         return {"weight": (total, norms)}
     grads = group_gradients(mod, a, d, B, want)
     return {n: (g.square().sum(0), g.reshape(B, -1).square().sum(1)) for n, g in grads.items()}
-

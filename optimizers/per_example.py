@@ -199,7 +199,8 @@ class PerExampleGradients:
                 seen.add(id(p))
         missing = [j for j, p in enumerate(self.params) if id(p) not in seen]
         if missing:
-            return f"{len(missing)} parameter(s) (e.g. shape {tuple(self.params[missing[0]].shape)}) are not in model"
+            shape = tuple(self.params[missing[0]].shape)
+            return f"{len(missing)} parameter(s) (e.g. shape {shape}) are not parameters of model"
         if not self._modules:
             return "no parameters to differentiate"
         return self._batch_statistics()
@@ -207,7 +208,8 @@ class PerExampleGradients:
     def _batch_statistics(self) -> str:
         for mod in self._batchnorms:
             if mod.training or mod.running_mean is None:
-                return f"{type(mod).__name__} normalises with batch statistics (train mode): the examples interact"
+                name = type(mod).__name__
+                return f"{name} normalises with batch statistics (train mode): the examples interact"
         return ""
 
     def config(self) -> dict[str, Any]:
@@ -271,7 +273,11 @@ class PerExampleGradients:
             raise ValueError(
                 "losses must be the per-example losses, a 1-D tensor [B] attached to the autograd graph "
                 "(e.g. F.cross_entropy(model(x), y, reduction='none')), got "
-                + (f"shape {tuple(losses.shape)}" if isinstance(losses, torch.Tensor) else type(losses).__name__)
+                + (
+                    f"shape {tuple(losses.shape)}"
+                    if isinstance(losses, torch.Tensor)
+                    else type(losses).__name__
+                )
             )
         try:
             if self.method == "layers":
@@ -316,8 +322,8 @@ class PerExampleGradients:
             slots = [(rec, attr) for mod, attr in self._owners[j] for rec in by_module.get(id(mod), [])]
             if not slots:
                 raise RuntimeError(
-                    f"a parameter of shape {tuple(p.shape)} has a gradient but its layer recorded no call (it "
-                    "is used outside its module's forward); use method='batched_backward' for this model"
+                    f"a parameter of shape {tuple(p.shape)} has a gradient but its layer recorded no call "
+                    "(it is used outside its module's forward); use method='batched_backward' for this model"
                 )
             with torch.no_grad():
                 if len(slots) == 1:
@@ -386,7 +392,9 @@ def empirical_fisher_diagonal(
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     params = [p for p in model.parameters() if p.requires_grad] if params is None else list(params)
     engine = PerExampleGradients(params, model, method=method, chunk_size=chunk_size, verify=False)
-    batches = [data] if isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], torch.Tensor) else data
+    batches = (
+        [data] if isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], torch.Tensor) else data
+    )
     total: list[torch.Tensor] = [torch.zeros_like(p) for p in params]
     n = 0
     for x, y in batches:

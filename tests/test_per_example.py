@@ -49,7 +49,9 @@ class EmbedBag(nn.Module):
 
 
 def _seq():  # Linear on [B, T, d] (sum over T before squaring) with LayerNorm over the last two dims
-    return nn.Sequential(nn.Linear(5, 6), nn.LayerNorm([4, 6]), nn.GELU(), nn.Linear(6, 3), nn.Flatten(), nn.Linear(12, 3))
+    return nn.Sequential(
+        nn.Linear(5, 6), nn.LayerNorm([4, 6]), nn.GELU(), nn.Linear(6, 3), nn.Flatten(), nn.Linear(12, 3)
+    )
 
 
 def _cnn2d():
@@ -94,7 +96,11 @@ def _problem(name, seed=0):
     make, shape = CASES[name]
     model = make().double()
     g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, 11, (B, 7), generator=g) if shape is None else torch.randn(shape, generator=g, dtype=torch.float64)
+    x = (
+        torch.randint(0, 11, (B, 7), generator=g)
+        if shape is None
+        else torch.randn(shape, generator=g, dtype=torch.float64)
+    )
     if shape is None:
         x[0, :3] = 0  # padding_idx rows get no gradient
         x[1, :] = 5  # one index looked up several times by one example
@@ -136,8 +142,14 @@ class Centred(nn.Module):  # couples the examples in functional code the module 
 
 
 FALLBACKS = {
-    "batchnorm-train": (lambda: nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3)), "batch statistics"),
-    "custom-layer": (lambda: nn.Sequential(nn.Linear(5, 8), Scaled(), nn.Tanh(), nn.Linear(8, 3)), "no per-example rule"),
+    "batchnorm-train": (
+        lambda: nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3)),
+        "batch statistics",
+    ),
+    "custom-layer": (
+        lambda: nn.Sequential(nn.Linear(5, 8), Scaled(), nn.Tanh(), nn.Linear(8, 3)),
+        "no per-example rule",
+    ),
     "coupled": (lambda: nn.Sequential(nn.Linear(5, 8), Centred(), nn.Tanh(), nn.Linear(8, 3)), "disagree"),
 }
 
@@ -187,7 +199,9 @@ def test_empirical_fisher_diagonal_equals_the_landscape_dense_fisher():
     model, x, y = _problem("cnn1d")
     obj = ls.Objective(model, nn.CrossEntropyLoss(), [(x[:3], y[:3]), (x[3:], y[3:])], dtype=torch.float64)
     dense = ls.empirical_fisher(obj).to_dense().diagonal()
-    got = empirical_fisher_diagonal(model, nn.CrossEntropyLoss(reduction="none"), [(x[:3], y[:3]), (x[3:], y[3:])])
+    got = empirical_fisher_diagonal(
+        model, nn.CrossEntropyLoss(reduction="none"), [(x[:3], y[:3]), (x[3:], y[3:])]
+    )
     torch.testing.assert_close(torch.cat([g.reshape(-1) for g in got]), dense, rtol=1e-12, atol=1e-15)
 
 
