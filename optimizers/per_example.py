@@ -138,6 +138,7 @@ class PerExampleGradients:
         chunk_size: Jacobian rows per batched backward (``"batched_backward"`` and verification).
         verify: the first :meth:`moments` call also runs ``"batched_backward"`` and keeps
             ``"layers"`` only if the two agree (relative 1e-9 in float64, 1e-4 in float32).
+        state: the batched backward's memory of an op without a batching rule (``"batched"``).
 
     ``method`` / ``reason`` (why ``"batched_backward"``; ``""`` otherwise) and :meth:`config` record
     the choice; ``verified`` says whether the check ran.
@@ -151,6 +152,7 @@ class PerExampleGradients:
         method: str = "auto",
         chunk_size: int | None = None,
         verify: bool = True,
+        state: dict[str, Any] | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -163,7 +165,7 @@ class PerExampleGradients:
         self.requested = method
         self.verify = bool(verify)
         self.verified = False
-        self._state: dict[str, Any] = {}
+        self._state: dict[str, Any] = {} if state is None else state
         self._calls: list[list[Any]] = []
         #: per parameter index: its (module, attribute name) slots
         self._owners: list[list[tuple[nn.Module, str]]] = [[] for _ in self.params]
