@@ -76,7 +76,8 @@ def test_quick_run_records_every_row_with_ratios_of_its_medians(tmp_path):
     r = rows["vogn"]
     assert r["mc_samples"] == 5 and r["per_example"]["method"] == "layers"  # one backward per sample
     assert r["step_ms_per_mc_sample"] == pytest.approx(r["step_ms"] / 5, rel=REL)
-    assert r["per_mc_sample_x_runner_sgd"] == pytest.approx(r["step_ms"] / 5 / rows["sgd"]["step_ms"], rel=REL)
+    sgd = rows["sgd"]["step_ms"]
+    assert r["per_mc_sample_x_runner_sgd"] == pytest.approx(r["step_ms"] / 5 / sgd, rel=REL)
     assert targets["sam_m1_le_2.05x_sgd"]["ratio"] == pytest.approx(rows["sam"]["x_runner_sgd"], rel=REL)
     assert data["summary"]["all_pass"] is all(t["pass"] for t in targets.values())
 
