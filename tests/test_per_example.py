@@ -196,7 +196,7 @@ def test_a_batch_that_is_not_dimension_zero_falls_back():
 def test_empirical_fisher_diagonal_equals_the_landscape_dense_fisher():
     import landscape as ls
 
-    model, x, y = _problem("cnn1d")
+    model, x, y = _problem("mlp")
     obj = ls.Objective(model, nn.CrossEntropyLoss(), [(x[:3], y[:3]), (x[3:], y[3:])], dtype=torch.float64)
     dense = ls.empirical_fisher(obj).to_dense().diagonal()
     got = empirical_fisher_diagonal(
