@@ -26,7 +26,10 @@ from these medians: step time / the minimal SGD loop's and / the runner SGD's, S
 batched / loop, the SAM rows / the one-file SAM, runner SGD epoch / minimal loop epoch. The targets
 of issue 25 are checked on these ratios (``summary``; each with the median of the per-round ratios
 beside it): SAM m = 8 (batched) <= 2.0x SAM m = 1; SAM m = 1 <= 2.05x SGD and bSAM m = 1 <= 2.2x SGD
-(both through the runner); runner SGD epoch <= 1.10x the minimal loop's.
+(both through the runner); runner SGD epoch <= 1.10x the minimal loop's.  The VOGN row also gives
+its step per MC sample (``step_ms_per_mc_sample``, ``per_mc_sample_x_runner_sgd``) and the per-example
+gradient method it ran (``per_example``: ``optimizers.per_example``, issue 41), checked against
+:data:`VOGN_TARGETS` (<= 3x the runner SGD step on the MLP, <= 4x on LeNet-5).
 
 Models (``--model``): ``mlp`` (default; the digits MLP 64-64-10, tanh, on scikit-learn's 8x8 digits
 through the runner's data pipeline: a small, launch-bound step), ``lenet5-digits`` (a small CNN on
@@ -124,6 +127,9 @@ TARGETS = (
         "cuda",
     ),
 )
+
+#: issue 41: VOGN's step per MC sample against the runner's SGD step, by ``--model`` (CPU)
+VOGN_TARGETS = {"mlp": 3.0, "lenet5-digits": 4.0}
 
 
 # ------------------------------------------------------------------------------------ the runner
@@ -313,6 +319,10 @@ def make_rows(benches: list[Bench], trainers: dict[str, Any]) -> list[dict[str, 
             cfg = getattr(tr.inner, "config", None)
             row["m"] = getattr(tr.inner, "m", 1)
             row["m_sharpness"] = cfg.get("m_sharpness") if isinstance(cfg, dict) else None
+            engine = getattr(tr.inner, "per_example", None)
+            if engine is not None:  # VOGN: its per-example gradient method and why (issue 41)
+                row["mc_samples"] = tr.inner.mc_samples
+                row["per_example"] = engine.config()
         if b.error is not None or not b.step_ms:
             row["error"] = b.error or "not timed"
         else:
@@ -348,24 +358,38 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             r["batched_x_loop"] = ratio(k, f"{k}-loop")
         if k in COMPILED:
             r["x_eager"] = ratio(k, COMPILED[k])
+        if r.get("mc_samples") and r["x_runner_sgd"] is not None:  # VOGN's step per weight sample
+            r["step_ms_per_mc_sample"] = r["step_ms"] / r["mc_samples"]
+            r["per_mc_sample_x_runner_sgd"] = r["x_runner_sgd"] / r["mc_samples"]
 
 
-def summarize(rows: list[dict[str, Any]], device: str = "cpu") -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], device: str = "cpu", model: str | None = None) -> dict[str, Any]:
     """Issue 25's targets for this device type on the ratio of the medians (pass/fail), with the
-    median over the rounds of the per-round ratio beside it (the two rows ran in the same round)."""
+    median over the rounds of the per-round ratio beside it (the two rows ran in the same round);
+    issue 41's VOGN target for ``model`` (:data:`VOGN_TARGETS`) on the step per MC sample."""
     by = {r["key"]: r for r in rows if r.get("step_ms")}
     targets = []
-    for name, a, b, key, limit, kind in TARGETS:
+    specs = list(TARGETS)
+    if model in VOGN_TARGETS:
+        limit = VOGN_TARGETS[model]
+        specs.append(
+            (f"vogn_per_mc_sample_le_{limit:g}x_sgd_{model}", "vogn", "sgd", "step_ms", limit, "cpu")
+        )
+    for name, a, b, key, limit, kind in specs:
         if kind != torch.device(device).type:
             continue
         entry: dict[str, Any] = {"target": name, "numerator": a, "denominator": b, "of": key, "limit": limit}
         if a in by and b in by:
+            per = (by[a].get("mc_samples") or 1) if name.startswith("vogn_per_mc_sample") else 1
             runs = zip(by[a][f"{key}_runs"], by[b][f"{key}_runs"])
+            value = by[a][key] / by[b][key] / per
             entry.update(
-                ratio=by[a][key] / by[b][key],
-                ratio_paired=statistics.median(x / y for x, y in runs),
-                **{"pass": by[a][key] / by[b][key] <= limit},
+                ratio=value,
+                ratio_paired=statistics.median(x / y / per for x, y in runs),
+                **{"pass": value <= limit},
             )
+            if per != 1:
+                entry["per"] = f"{per} MC samples"
         else:
             entry.update(ratio=None, ratio_paired=None, **{"pass": None})
         targets.append(entry)
@@ -443,7 +467,7 @@ def _run(args, tmp: Path) -> Path:
     print(f"{args.model} on {args.device}: {info}", flush=True)
     time_benches(benches, args, spe)
     rows = make_rows(benches, trainers)
-    summary = summarize(rows, args.device)
+    summary = summarize(rows, args.device, args.model)
     machine = machine_info()
     machine["loadavg_1_5_15"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     kind = torch.device(args.device).type

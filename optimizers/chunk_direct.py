@@ -10,8 +10,10 @@ sum.  For a network that is a chain of ``nn.Linear`` layers and parameter-free p
 * one backward pass gives ``delta = dL/dz`` at every linear layer's output ``z`` (autograd computes
   no weight gradient);
 * the weight gradients are the layer's (input, delta) products: chunk by chunk
-  ``dW_k = delta_k^T a_k`` (one ``bmm``), or their sum ``delta^T a`` over all rows (one ``mm``;
-  ``db`` likewise).  These are exactly the products autograd forms for ``nn.Linear`` in the loop.
+  ``dW_k = delta_k^T a_k`` (one ``bmm``; :func:`optimizers.layer_gradients.group_gradients`, the rule
+  the per-example gradients of :mod:`optimizers.per_example` use with chunks of one example), or
+  their sum ``delta^T a`` over all rows (one ``mm``; ``db`` likewise).  These are exactly the
+  products autograd forms for ``nn.Linear`` in the loop.
 
 On the benchmark's MLP (64-64-10, batch 256, m = 8, one CPU thread) a pass costs about 1.1x one
 plain forward/backward, against 2.5x for the ``vmap`` pass (its ``functional_call`` and batching
@@ -35,6 +37,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from optimizers.chunk_direct_conv import SPATIAL, conv_forward, conv_grads, conv_why_not, spatial_why_not
+from optimizers.layer_gradients import group_gradients
 
 __all__ = ["CHAINS", "DirectChunks", "check_input", "plan"]
 
@@ -234,11 +237,10 @@ class DirectChunks:
                     d2 = d.reshape(-1, d.shape[-1])
                     gw = d2.t().mm(a.reshape(-1, a.shape[-1])) if wn is not None else None
                     gb = d2.sum(0) if bn is not None else None
-                else:
-                    d3 = d.reshape(m, -1, d.shape[-1])
-                    a3 = a.reshape(m, -1, a.shape[-1])
-                    gw = torch.bmm(d3.transpose(1, 2), a3) if wn is not None else None
-                    gb = d3.sum(1) if bn is not None else None
+                else:  # the per-group rule shared with the per-example gradients
+                    want = tuple(n for n, k in (("weight", wn), ("bias", bn)) if k is not None)
+                    per = group_gradients(mod, a, d, m, want)
+                    gw, gb = per.get("weight"), per.get("bias")
                 for name, g in ((wn, gw), (bn, gb)):
                     if name is not None:  # a tied parameter: the layers' contributions add up
                         grads[name] = grads[name] + g if name in grads else g

@@ -6,8 +6,10 @@ the channels: ``[b, m C, H, W]``, chunk ``k``'s examples as channel group ``k``.
 * per-chunk weights ``[m, O, C / g, kh, kw]`` are one grouped convolution: weight ``[m O, C / g,
   kh, kw]``, ``groups = m g`` (output ``[b, m O, H', W']`` back to ``[m b, O, H', W']``);
 * the ``m`` weight gradients are one grouped weight gradient of ``(input, delta = dL/dz)`` in that
-  layout (``aten.convolution_backward``, weight only); their sum is the plain weight gradient over
-  all ``m b`` rows; bias gradients are sums of ``delta`` over examples and positions.
+  layout (``aten.convolution_backward``, weight only; the per-group rule of
+  :func:`optimizers.layer_gradients.group_gradients`, shared with the per-example gradients); their
+  sum is the plain weight gradient over all ``m b`` rows; bias gradients are sums of ``delta`` over
+  examples and positions.
 
 These are the products autograd forms for ``F.conv2d`` chunk by chunk.  Only zero padding (numeric,
 ``"valid"``, or a symmetric ``"same"``) is handled; anything else stays with ``vmap``.
@@ -19,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.grad import conv2d_weight
+
+from optimizers.layer_gradients import group_gradients, to_groups
 
 __all__ = ["SPATIAL", "conv_forward", "conv_grads", "conv_why_not", "spatial_why_not"]
 
@@ -52,12 +56,6 @@ def spatial_why_not(mod: nn.Module) -> str | None:
     return None
 
 
-def _to_groups(t: torch.Tensor, m: int) -> torch.Tensor:
-    """``[m b, C, H, W]`` -> ``[b, m C, H, W]`` (chunk ``k`` as channel group ``k``)."""
-    n, c, *hw = t.shape
-    return t.reshape(m, n // m, c, *hw).transpose(0, 1).reshape(n // m, m * c, *hw)
-
-
 def _from_groups(t: torch.Tensor, m: int) -> torch.Tensor:
     """``[b, m O, H, W]`` -> ``[m b, O, H, W]``."""
     b, mo, *hw = t.shape
@@ -75,7 +73,7 @@ def conv_forward(
     w5 = w if w.dim() == 5 else w.expand(m, *w.shape)
     if b is not None:
         b = (b if b.dim() == 2 else b.expand(m, *b.shape)).reshape(-1)
-    hg = _to_groups(h, m)
+    hg = to_groups(h, m)
     z = F.conv2d(hg, w5.reshape(-1, *w5.shape[2:]), b, conv.stride, pad, conv.dilation, m * conv.groups)
     return _from_groups(z, m), hg
 
@@ -102,11 +100,6 @@ def conv_grads(
         if want_b:
             gb = d.sum((0, 2, 3))
         return gw, gb
-    if want_w:
-        ag = a_groups if a_groups is not None else _to_groups(a, m)
-        wshape = (m * shape[0], *shape[1:])
-        gw = conv2d_weight(ag, wshape, _to_groups(d, m), conv.stride, pad, conv.dilation, m * conv.groups)
-        gw = gw.reshape(m, *shape)
-    if want_b:
-        gb = d.reshape(m, -1, d.shape[1], d.shape[2] * d.shape[3]).sum((1, 3))
-    return gw, gb
+    names = tuple(n for n, want in (("weight", want_w), ("bias", want_b)) if want)
+    grads = group_gradients(conv, a, d, m, names, a_groups=a_groups)  # the shared per-group rule
+    return grads.get("weight"), grads.get("bias")

@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from landscape.checks import check_range
+from optimizers.per_example import PerExampleGradients, batched_backward_moments
 from optimizers.posterior import (
     DiagonalGaussianPosterior,
     check_nonneg,
@@ -71,51 +72,13 @@ def per_example_gradient_moments(
     chunk_size: int | None = None,
     state: dict[str, Any] | None = None,
 ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
-    """``(sum_i g_i, sum_i g_i * g_i)`` per parameter, ``g_i = d losses[i] / d param``.
-
-    ``losses`` is a ``[B]`` tensor attached to the autograd graph; example ``i``'s gradient is row
-    ``i`` of the Jacobian of ``losses``, obtained by batched backward passes
-    (``torch.autograd.grad(..., is_grads_batched=True)``) over ``chunk_size`` rows at a time
-    (``None``: all ``B`` at once; memory ``chunk_size x p``).  If an operation does not support the
-    batched backward, it falls back to one backward pass per example (and remembers that in
-    ``state["batched"] = False``).  A parameter the losses do not depend on gives ``None``.
-    """
-    state = {} if state is None else state
-    B = int(losses.shape[0])
-    cs = B if chunk_size is None else min(int(chunk_size), B)
-    g_sum: list[torch.Tensor | None] = [None] * len(params)
-    h_sum: list[torch.Tensor | None] = [None] * len(params)
-
-    def add(rows: tuple[torch.Tensor | None, ...]) -> None:
-        for j, r in enumerate(rows):
-            if r is None:
-                continue
-            gs, hs = r.sum(0), r.square().sum(0)
-            g_sum[j] = gs if g_sum[j] is None else g_sum[j] + gs
-            h_sum[j] = hs if h_sum[j] is None else h_sum[j] + hs
-
-    eye = torch.eye(B, dtype=losses.dtype, device=losses.device)
-    for start in range(0, B, cs):
-        stop = min(B, start + cs)
-        if state.get("batched", True):
-            try:
-                rows = torch.autograd.grad(
-                    losses,
-                    params,
-                    grad_outputs=(eye[start:stop],),
-                    is_grads_batched=True,
-                    retain_graph=True,
-                    allow_unused=True,
-                )
-                add(rows)
-                continue
-            except RuntimeError as err:  # an op without a batching rule: one pass per example
-                state["batched"] = False
-                state["batched_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-        for i in range(start, stop):
-            gi = torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True)
-            add(tuple(None if g is None else g.unsqueeze(0) for g in gi))
-    return g_sum, h_sum
+    """``(sum_i g_i, sum_i g_i * g_i)`` per parameter, ``g_i = d losses[i] / d param``, by batched
+    backward passes over the rows of the per-example Jacobian (the model-free path; VOGN uses
+    :class:`optimizers.per_example.PerExampleGradients`, one backward pass where the layers allow it):
+    :func:`optimizers.per_example.batched_backward_moments`.  A parameter the losses do not depend on
+    gives ``None``."""
+    mom = batched_backward_moments(losses, params, chunk_size, state)
+    return mom.sum, mom.sum_sq
 
 
 class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer):
@@ -156,8 +119,13 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
     **Closure contract (differs from the other optimizers):** the closure runs the forward pass
     and returns the *per-example* losses, a 1-D tensor ``[B]`` attached to the graph, e.g.
     ``lambda: F.cross_entropy(model(x), y, reduction="none")``; it does not call ``backward``.
-    The optimizer differentiates every entry (see :func:`per_example_gradient_moments`); examples
-    must not interact (no train-mode BatchNorm).  After the step ``p.grad`` holds ``g``.
+    The optimizer differentiates every entry with :class:`optimizers.per_example.PerExampleGradients`:
+    given ``model=``, from the layers' inputs and output gradients of one backward pass (as the
+    authors' torchsso code does for ``Linear`` / ``Conv2d``; ``Conv1d``, ``LayerNorm``, ``GroupNorm``,
+    eval-mode BatchNorm and ``Embedding`` too), else (no model, another parametrised layer, a train-mode
+    BatchNorm whose batch statistics couple the examples) by batched backward passes over the
+    per-example Jacobian; ``self.per_example.config()`` records which and why.  After the step
+    ``p.grad`` holds ``g``.
 
     Args:
         params: parameters or param groups (``lr``, ``betas``, ``prior_precision``, ``damping`` and
@@ -177,12 +145,15 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
             ``"num_mc_samples": 5``.  That value is per process: the official run has 8 processes in
             8 MC groups, each drawing its own 5 samples for its own 32 examples (40 draws per global
             batch of 256); here the ``K`` draws are shared by the whole batch.
-        chunk_size: rows of the per-example Jacobian formed at once (``None``: the whole batch).
+        chunk_size: rows of the per-example Jacobian formed at once by the batched backward (``None``:
+            the whole batch).
         seed, generator: randomness (see :func:`optimizers.posterior.resolve_generator`).
         model: the ``nn.Module`` whose parameters ``params`` are; ``non_reg_for_bn`` needs it to find
             the BatchNorm parameters (the experiment runner passes it).
         non_reg_for_bn: BatchNorm weights and biases get no prior and no noise (see above); default
             True, the official configuration (torchsso's own default is False).
+        per_example: ``"auto"`` (the layers' one-backward form where the model allows it),
+            ``"layers"`` (raise if it does not) or ``"batched_backward"`` (the Jacobian rows, always).
 
     ``self.last``: ``loss`` (mean over examples and samples), ``grad_norm`` (``||g||``),
     ``noise_norm`` (mean over samples of ``||theta_k - mu||``), ``s_min/s_mean/s_max`` (after the
@@ -209,6 +180,7 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
         *,
         model: nn.Module | None = None,
         non_reg_for_bn: bool = True,  # official CIFAR-10 ResNet-18 setting
+        per_example: str = "auto",
     ) -> None:
         check_nonneg("lr", lr)
         check_num_data(num_data)
@@ -220,6 +192,10 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
         check_positive("mc_samples", mc_samples, integer=True)
         if chunk_size is not None:
             check_positive("chunk_size", chunk_size, integer=True)
+        if per_example not in ("auto", "layers", "batched_backward"):
+            raise ValueError(
+                f"per_example must be 'auto', 'layers' or 'batched_backward', got {per_example!r}"
+            )
         if not isinstance(non_reg_for_bn, bool):
             raise ValueError(f"non_reg_for_bn must be True or False, got {non_reg_for_bn!r}")
         if model is not None and not isinstance(model, nn.Module):
@@ -270,8 +246,13 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
             chunk_size=chunk_size,
             seed=self.seed,
             non_reg_for_bn=non_reg_for_bn,
+            per_example=per_example,
         )
         self._grad_state: dict[str, Any] = {}
+        self._model = model
+        #: the per-example gradient engine of the optimized parameters (built at the first step, again
+        #: if the parameters change); ``per_example.config()``: the method and why
+        self.per_example: PerExampleGradients | None = None
         self.last: dict[str, Any] = {}
 
     # ----------------------------------------------------------------------------------------
@@ -357,6 +338,23 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
             )
         return losses
 
+    def _engine(self, params: list[torch.Tensor]) -> PerExampleGradients:
+        eng = self.per_example
+        if (
+            eng is None
+            or len(eng.params) != len(params)
+            or any(a is not b for a, b in zip(eng.params, params))
+        ):
+            eng = PerExampleGradients(
+                params,
+                self._model,
+                method=self.config["per_example"],
+                chunk_size=self.chunk_size,
+                state=self._grad_state,
+            )
+            self.per_example = eng
+        return eng
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> torch.Tensor:  # type: ignore[override]
         """One VOGN step (``mc_samples`` closure calls).  Returns the mean per-example loss."""
@@ -371,6 +369,7 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
         std_map = self.posterior_std()
         stds = [std_map[p] for p in params]
         exempt = [self._exempt(g, p) for g, p in pairs]
+        engine = self._engine(params)
         g_acc: list[torch.Tensor | None] = [None] * len(params)
         h_acc: list[torch.Tensor | None] = [None] * len(params)
         losses_mean, noise_norm = [], 0.0
@@ -386,13 +385,13 @@ class VOGN(DiagonalGaussianPosterior, GeneratorStateMixin, torch.optim.Optimizer
                     sq = sq + e.square().sum()
                     p.add_(e)
                 noise_norm = noise_norm + sq.sqrt()  # 0-d tensor: no host read per step
-                losses = self._losses(closure)
+                with engine.capture():
+                    losses = self._losses(closure)
                 if not self._bn_graph_checked:
                     self._check_batchnorm(losses)
                 with torch.enable_grad():
-                    g_sum, h_sum = per_example_gradient_moments(
-                        losses, params, self.chunk_size, self._grad_state
-                    )
+                    mom = engine.moments(losses)
+                g_sum, h_sum = mom.sum, mom.sum_sq
             finally:
                 for p, old in zip(params, saved):
                     p.copy_(old)
