@@ -27,8 +27,8 @@ from landscape.curvature.density import DensityResult, spectral_density
 from landscape.curvature.eigen import EigenResult, eigenvalues, power_iteration
 from landscape.curvature.fisher import EmpiricalFisherOperator, FisherOperator, empirical_fisher, fisher
 from landscape.curvature.ggn import GGNOperator, ggn
-from landscape.curvature.kfac import EKFACOperator, KFACOperator, ekfac, kfac
 from landscape.curvature.hessian import ENGINES, HessianOperator, HVPEngine, hessian, hvp
+from landscape.curvature.kfac import EKFACOperator, KFACOperator, ekfac, kfac
 from landscape.curvature.monitor import CurvatureMonitor, MonitorResult, stability_threshold
 from landscape.curvature.output_space import OutputSpaceOperator
 from landscape.curvature.trace import DiagonalResult, TraceResult, diagonal, trace

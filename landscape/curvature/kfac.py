@@ -76,6 +76,7 @@ from landscape.curvature.kronecker import (
     KroneckerOperator,
     check_damping,
     inverse_block,
+    singular,
 )
 from landscape.curvature.likelihoods import infer_likelihood, nll_output_gradients, sample_targets
 from landscape.objective import Objective
@@ -251,7 +252,8 @@ def _example_inputs(layer: _Layer, x: torch.Tensor, ones: bool) -> torch.Tensor:
 
 
 def _output_gradients(layer: _Layer, g: torch.Tensor) -> torch.Tensor:
-    """``[K, B, S, d_out]``: the gradients with respect to the layer output per vector, example and position."""
+    """``[K, B, S, d_out]``: the gradients with respect to the layer output per vector, example and
+    position."""
     K, B = g.shape[:2]
     if layer.conv:
         return g.reshape(K, B, layer.d_out, -1).transpose(2, 3)
@@ -367,7 +369,8 @@ class KFACOperator(KroneckerOperator):
     def _terms_per_example(self, out: torch.Tensor) -> int:
         if out.ndim < 2:
             raise ValueError(
-                f"KFAC needs outputs of shape [B, C, ...] (at least 2-D, as curvlinops), got {tuple(out.shape)}"
+                "KFAC needs outputs of shape [B, C, ...] (at least 2-D, as curvlinops), got "
+                f"{tuple(out.shape)}"
             )
         m = math.prod(out.shape[2:]) if self._loss == "cross_entropy" else math.prod(out.shape[1:-1])
         if self._terms is not None and m != self._terms:
@@ -553,16 +556,17 @@ class KFACOperator(KroneckerOperator):
         total = torch.zeros((), dtype=self.dtype, device=self.device)
         for b in self.blocks():
             den = self._eigen_grid(b) + damping
-            if not bool((den > 0).all()):
+            if singular(den):
                 raise ValueError(
-                    f"log det: block {b.name!r} has an eigenvalue <= -damping ({damping:g}), the matrix is "
-                    "singular there; pass damping > 0"
+                    f"log det: block {b.name!r} has an eigenvalue <= -damping ({damping:g}) or at rounding "
+                    "level, the matrix is singular there; pass damping > 0"
                 )
             total = total + den.log().sum()
         return total
 
     def layer_eigenvalues(self, k: int | None = None) -> dict[str, torch.Tensor]:
-        """``{block name: its eigenvalues, largest first}`` (top ``k``; ``None``: all), exact from the factors."""
+        """``{block name: its eigenvalues, largest first}`` (top ``k``; ``None``: all), exact from the
+        factors."""
         out = {}
         for b in self.blocks():
             ev = self._eigen_grid(b).reshape(-1).sort(descending=True).values
@@ -700,7 +704,7 @@ class EKFACOperator(KFACOperator):
                 f"heuristic={heuristic!r}; use heuristic='exact'"
             )
         den = b.diag + damping
-        if not bool((den > 0).all()):
+        if singular(den):
             raise ValueError(
                 f"block {b.name!r}: a refitted eigenvalue plus the damping is <= 0; pass damping > 0"
             )

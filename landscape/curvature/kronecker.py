@@ -197,9 +197,17 @@ def inverse_block(
     return KroneckerBlock(**common, left=left, right=right, extra={"damping_G": damp_g, "damping_A": damp_a})
 
 
+def singular(den: torch.Tensor) -> bool:
+    """True when some damped eigenvalue ``den`` is <= 0 or at rounding level: below
+    ``numel * eps * max|den|`` (the eigenvalue error bound of a symmetric eigensolver, Golub & Van
+    Loan, "Matrix computations", Sec. 8.1), where its log or reciprocal would be noise."""
+    tol = den.numel() * torch.finfo(den.dtype).eps * float(den.abs().max())
+    return not bool((den > tol).all())
+
+
 def _check_positive(den: torch.Tensor, name: str, damping: float) -> None:
-    if not bool((den > 0).all()):
+    if singular(den):
         raise ValueError(
-            f"block {name!r}: an eigenvalue plus the damping {damping:g} is <= 0, so the damped matrix "
-            "is singular; pass damping > 0 (larger than minus the smallest eigenvalue)"
+            f"block {name!r}: an eigenvalue plus the damping {damping:g} is <= 0 or at rounding level, so "
+            "the damped matrix is singular; pass damping > 0 (larger than minus the smallest eigenvalue)"
         )
