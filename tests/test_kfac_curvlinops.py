@@ -163,6 +163,7 @@ def test_inverse_equals_curvlinops(name, heuristic, ekfac):
     assert _rel(ours.inverse(lam, heuristic=heuristic).to_dense(), _dense(inv, p)) < 1e-10
 
 
+@pytest.mark.slow  # ~15 s: curvlinops back-propagates the 200 draws one at a time
 def test_mc_of_both_libraries_is_the_type2_matrix_in_expectation():
     model, loss, data = _case("ce-mean")
     obj = ls.Objective(model, loss, data)
