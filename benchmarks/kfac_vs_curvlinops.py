@@ -4,8 +4,9 @@ ResNet-20 (CIFAR-shaped, one batch) and the 2-layer transformer of ``benchmarks/
 batch of token sequences), float32, mean cross-entropy, eval mode.  Both libraries get the same
 parameters: every ``Conv2d``/``Linear`` weight and bias the forward calls as a module (BatchNorm,
 LayerNorm, embeddings and the attention projections, which ``nn.MultiheadAttention`` applies with
-``F.linear``, are left out), weight and bias as separate blocks (curvlinops' default).  Timed, as
-the median of ``--repeat`` runs after one untimed run, one model and library after the other:
+``F.linear``, are left out), weight and bias as separate blocks (curvlinops' default).  Timed: the
+minimum of ``--repeat`` runs after one untimed run, ours and curvlinops' alternately (on a shared
+machine the minimum and the alternation keep other load out of the ratios):
 
 * ``factors_s``: computing the Kronecker factors (``ls.kfac(obj)``; curvlinops'
   ``compute_kronecker_factors()``), for ``--fisher-types`` (default type-2 and mc with one draw);
@@ -23,7 +24,6 @@ difference of the two KFAC products on a random vector (type-2 only: the mc draw
 from __future__ import annotations
 
 import copy
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -53,14 +53,19 @@ def _called_layers(model: nn.Module, x: torch.Tensor) -> list[str]:
     return list(dict.fromkeys(called))
 
 
-def _timed(fn, repeat: int) -> tuple[float, object]:
-    out = fn()  # untimed
-    times = []
+def _timed(ours, theirs, repeat: int) -> tuple[float, float, object, object]:
+    """Minimum wall times of ``ours()`` and ``theirs()``, run alternately ``repeat`` times after one
+    untimed run each (alternation and the minimum: the machine's other load falls on both), and
+    their last results."""
+    out_o, out_t = ours(), theirs()
+    t_o, t_t = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        for fn, times in ((ours, t_o), (theirs, t_t)):
+            t0 = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t0)
+            out_o, out_t = (out, out_t) if fn is ours else (out_o, out)
+    return min(t_o), min(t_t), out_o, out_t
 
 
 def _rows(name: str, args) -> list[dict]:
@@ -90,11 +95,11 @@ def _rows(name: str, args) -> list[dict]:
             op.compute_kronecker_factors()
             return op
 
-        t_ours, op = _timed(ours, args.repeat)
-        t_theirs, top = _timed(theirs, args.repeat)
+        t_ours, t_theirs, op, top = _timed(ours, theirs, args.repeat)
         diff = float((op @ v - top @ v).norm() / (top @ v).norm()) if ft == "type-2" else None
 
         def inv_ours(op=op):
+            op._eig_cache.clear()  # the factors' eigendecompositions are timed, as curvlinops'
             inv = op.inverse(1e-3)
             return inv, inv @ v
 
@@ -102,10 +107,10 @@ def _rows(name: str, args) -> list[dict]:
             inv = cl.KFACInverseLinearOperator(top, damping=1e-3, use_exact_damping=True)
             return inv, inv @ v
 
-        ti_ours, (inv_o, _) = _timed(inv_ours, args.repeat)
-        ti_theirs, (inv_t, _) = _timed(inv_theirs, args.repeat)
-        tp_ours, _ = _timed(lambda inv_o=inv_o: inv_o @ v, args.repeat)
-        tp_theirs, _ = _timed(lambda inv_t=inv_t: inv_t @ v, args.repeat)
+        ti_ours, ti_theirs, (inv_o, _), (inv_t, _) = _timed(inv_ours, inv_theirs, args.repeat)
+        tp_ours, tp_theirs, _, _ = _timed(
+            lambda inv_o=inv_o: inv_o @ v, lambda inv_t=inv_t: inv_t @ v, args.repeat
+        )
         common = {"model": name, "fisher_type": ft, "params": obj.num_params, "layers": len(layers)}
         rows.append(
             {

@@ -174,3 +174,19 @@ def test_mc_of_both_libraries_is_the_type2_matrix_in_expectation():
     kw = dict(fisher_type="mc", mc_samples=200, separate_weight_and_bias=False)
     theirs = _dense(_theirs(cl.KFACLinearOperator, model, loss, data, **kw), p)
     assert _rel(ours, t2) < 0.05 and _rel(theirs, t2) < 0.05, (_rel(ours, t2), _rel(theirs, t2))
+
+
+def test_benchmark_quick_run_computes_the_same_matrix_as_curvlinops(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "benchmarks/kfac_vs_curvlinops.py", "--quick", "--repeat", "1", "--threads", "1"]
+    subprocess.run([*cmd, "--out", str(tmp_path), "--fisher-types", "type-2"], cwd=root, check=True)
+    rows = json.loads((tmp_path / "kfac_cpu_quick.json").read_text())["rows"]
+    ours = [r for r in rows if r["library"] == "landscape"]
+    assert {r["model"] for r in ours} == {"resnet20", "transformer"}
+    assert all(r["max_rel_diff"] < 1e-5 for r in ours)  # float32: the same KFAC matrix as curvlinops'
+    assert all(r["factors_ratio"] > 0 for r in ours)

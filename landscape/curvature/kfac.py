@@ -325,7 +325,7 @@ class KFACOperator(KroneckerOperator):
         self._layers = _find_layers(objective, separate_bias)
         self._targets: list[torch.Tensor] = []
         self._terms: int | None = None
-        self._eig_cache: dict[str, tuple] = {}
+        self._eig_cache: dict[int, tuple] = {}  # id(factor) -> its eigendecomposition
         self._factors = self._compute_factors()
         self._blocks = self._make_blocks()
 
@@ -529,13 +529,18 @@ class KFACOperator(KroneckerOperator):
         return self._factors
 
     # ------------------------------------------------------------------ algebra
+    def _eigh(self, factor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eigendecomposition of a factor, once per factor (a weight and a separate bias block
+        share their ``G``)."""
+        if id(factor) not in self._eig_cache:
+            self._eig_cache[id(factor)] = tuple(torch.linalg.eigh(factor))
+        return self._eig_cache[id(factor)]
+
     def _eig(self, b: KroneckerBlock):
-        """``(l_G, Q_G, l_A, Q_A)`` of a factor-form block (cached)."""
-        if b.name not in self._eig_cache:
-            lg, qg = torch.linalg.eigh(b.left)
-            la, qa = (None, None) if b.right is None else torch.linalg.eigh(b.right)
-            self._eig_cache[b.name] = (lg, qg, la, qa)
-        return self._eig_cache[b.name]
+        """``(l_G, Q_G, l_A, Q_A)`` of a factor-form block."""
+        lg, qg = self._eigh(b.left)
+        la, qa = (None, None) if b.right is None else self._eigh(b.right)
+        return lg, qg, la, qa
 
     def _eigen_grid(self, b: KroneckerBlock) -> torch.Tensor:
         """``[d_out, c]``: the block's eigenvalues ``l_G,i l_A,j`` (products of the factors')."""
