@@ -5,6 +5,7 @@ Public API::
     import landscape as ls
     obj = ls.Objective(model, loss_fn, data)                       # objective.py
     H = ls.hessian(obj); ls.ggn(obj); ls.empirical_fisher(obj)      # curvature/
+    K = ls.kfac(obj); K.inverse(1e-3); K.logdet(); ls.ekfac(obj)    # curvature/kfac.py
     ls.eigenvalues(H, k=5); ls.trace(obj); ls.spectral_density(obj)  # curvature/
     ls.sharpness(obj, "worst_case", rho=0.05)                       # sharpness.py, _measures/
     ls.surface(obj, directions=[d1, d2], coords=[xs, ys])           # surface.py, directions.py
@@ -23,11 +24,13 @@ from landscape.curvature import (
     TraceResult,
     diagonal,
     eigenvalues,
+    ekfac,
     empirical_fisher,
     fisher,
     ggn,
     hessian,
     hvp,
+    kfac,
     power_iteration,
     spectral_density,
     trace,
@@ -67,11 +70,13 @@ __all__ = [
     "evaluate_path",
     "fit_curve",
     "interpolate",
+    "ekfac",
     "empirical_fisher",
     "fisher",
     "ggn",
     "hessian",
     "hvp",
+    "kfac",
     "load_result",
     "load_surface",
     "metrics",

@@ -6,6 +6,9 @@
   finite differences; ``graph_split``: its cached graph as sub-graphs), generalised Gauss-Newton
   (with the closed-form Hessians of common losses with respect to the network output), empirical
   and Monte-Carlo Fisher operators (``output_space``: the ``J^T M J`` products they share);
+* ``kfac``, ``kronecker``: KFAC and EKFAC (Kronecker-factored GGN / Fisher of ``Linear`` and ``Conv2d``
+  layers) and the algebra of block-diagonal Kronecker matrices (damped inverses, log-determinant,
+  trace, eigenvalues from the factors);
 * ``memory``: ``max_memory=`` of every operator: blocks split into chunks of columns whose measured
   peak memory stays within a budget;
 * ``compiled``, ``autocompile``: products as one ``torch.compile`` graph, and ``compile="auto"`` of
@@ -25,6 +28,7 @@ from landscape.curvature.eigen import EigenResult, eigenvalues, power_iteration
 from landscape.curvature.fisher import EmpiricalFisherOperator, FisherOperator, empirical_fisher, fisher
 from landscape.curvature.ggn import GGNOperator, ggn
 from landscape.curvature.hessian import ENGINES, HessianOperator, HVPEngine, hessian, hvp
+from landscape.curvature.kfac import EKFACOperator, KFACOperator, ekfac, kfac
 from landscape.curvature.monitor import CurvatureMonitor, MonitorResult, stability_threshold
 from landscape.curvature.output_space import OutputSpaceOperator
 from landscape.curvature.trace import DiagonalResult, TraceResult, diagonal, trace
@@ -39,20 +43,24 @@ __all__ = [
     "DensityResult",
     "DiagonalResult",
     "EigenResult",
+    "EKFACOperator",
     "EmpiricalFisherOperator",
     "FisherOperator",
     "GGNOperator",
     "HVPEngine",
     "HessianOperator",
+    "KFACOperator",
     "OutputSpaceOperator",
     "TraceResult",
     "diagonal",
     "eigenvalues",
+    "ekfac",
     "empirical_fisher",
     "fisher",
     "ggn",
     "hessian",
     "hvp",
+    "kfac",
     "power_iteration",
     "product_kernels",
     "spectral_density",

@@ -170,6 +170,7 @@ class CurvatureOperator:
     _timer: PathTimer | None = None  # calibrate: the candidate paths timed per width class
     _keep_batches = False  # keep the per-batch states (graphs, factors) between products
     _strict = False  # True while the paths are timed: a failing path raises (and is dropped)
+    _reduce_products = True  # sum products over ranks (False: the operator's factors are summed already)
 
     def __init__(self, objective: Objective, params: Any = None, max_memory: Any = None) -> None:
         if not isinstance(objective, Objective):
@@ -307,7 +308,8 @@ class CurvatureOperator:
         # model every time.  Attention runs on the math SDPA backend (second-order AD, see above).
         with self.objective.evaluating(), product_kernels():
             out = self._chunked(V)
-        out = self.objective.all_reduce(out)
+        if self._reduce_products:
+            out = self.objective.all_reduce(out)
         self._check_finite(out)
         self.matvecs += V.shape[1]
         return out
