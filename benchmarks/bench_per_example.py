@@ -2,7 +2,8 @@
 
 The same quantities from one backward pass each: the gradient, the sum of squared per-example
 gradients and the per-example gradient norms (BackPACK: ``extend`` the model and the loss, then one
-backward with ``BatchL2Grad`` and ``SumGradSquared``; here: ``PerExampleGradients(..., verify=False)``).  Model: ResNet-20 (:func:`resnet20`) in eval mode
+backward with ``BatchL2Grad`` and ``SumGradSquared``; here: ``PerExampleGradients(..., verify=False)``).
+Model: ResNet-20 (:func:`resnet20`) in eval mode
 (its BatchNorm layers on running statistics, so the examples do not interact and both compute exact
 per-example quantities), CIFAR-shaped random inputs, cross-entropy with "sum" reduction, one CPU
 thread by default.  Before timing, the two are checked to agree (relative 1e-4 in float32).  Rounds
