@@ -353,6 +353,7 @@ def test_fingerprints_of_configs_without_the_new_keys_are_unchanged():
     for key in ("autoaugment", "cutout"):
         del earlier["data"][key]
     del earlier["evaluation"]["save_predictions"]
+    del earlier["slurm"]  # how a run is submitted: never part of its identity
     for key in ("bayesian", "mc_dropout", "ensemble"):
         del earlier["methods"][0][key]
     keep = {
