@@ -26,7 +26,12 @@ from experiments.study.__main__ import main as study_main
 from experiments.study.config import load_study_config
 from tests import slurm_cluster
 
+#: the waits below are generous (a loaded machine); pytest's own limit must exceed them
+pytestmark = pytest.mark.timeout(1800)
+
 CONFIG = "digits_sam_vs_sgd"
+#: the long run a task is signalled in: about 20 epochs a second here, so signals land mid-run
+EPOCHS = 300
 SMALL = ["seeds=[0,1]", "train.epochs=3", "evaluation.sharpness=[]", "threads=1"]
 
 
@@ -94,7 +99,7 @@ def test_six_run_config_completes_with_the_results_of_a_local_run(slurm_env, tmp
     root = out / CONFIG
     jobs = {read_job(d.parent)["id"] for d in root.rglob("job.json")}
     assert len(jobs) == 6 and len({j.split("_")[0] for j in jobs}) == 1  # one array, six tasks
-    states = slurm_cluster.wait_until(lambda: _all_finished(root), 300, "six tasks", slurm_env)
+    states = slurm_cluster.wait_until(lambda: _all_finished(root), 600, "six tasks", slurm_env)
     assert set(states.values()) == {"done"}, states
     for run_dir in root.glob("*/seed*"):
         assert read_job(run_dir)["state"] == "finished"
@@ -114,7 +119,8 @@ def test_six_run_config_completes_with_the_results_of_a_local_run(slurm_env, tmp
 def _long_run(out: Path) -> list[str]:
     return [
         "run", CONFIG, "seeds=[0]", 'methods=[{name="sam",optimizer="sam",hyperparameters={rho=0.05}}]',
-        "train.epochs=200", "evaluation.sharpness=[]", "evaluation.every=0", "threads=1", f"out_dir={out}",
+        f"train.epochs={EPOCHS}", "evaluation.sharpness=[]", "evaluation.every=0", "threads=1",
+        f"out_dir={out}",
     ]  # fmt: skip
 
 
@@ -127,7 +133,7 @@ def _release(cluster, job: str) -> None:
     """A requeued job waits for a begin time Slurm sets about two minutes ahead; start it now."""
     slurm_env_wait = slurm_cluster.wait_until(
         lambda: "PENDING" in cluster.command("squeue", "--noheader", "-j", job, "--format=%T", check=False),
-        60, f"job {job} to be requeued", cluster,
+        180, f"job {job} to be requeued", cluster,
     )  # fmt: skip
     assert slurm_env_wait
     cluster.command("scontrol", "update", f"jobid={job}", "StartTime=now")
@@ -139,14 +145,14 @@ def test_a_task_signalled_mid_epoch_is_requeued_and_resumes_bit_identically(slur
     run_dir = out / CONFIG / "sam" / "seed0"
     job = read_job(run_dir)["id"]
     # the time-limit warning (SIGUSR2), by hand: the task checkpoints at the step and requeues itself
-    slurm_cluster.wait_until(lambda: _epochs_done(run_dir) >= 20, 120, "20 epochs", slurm_env, every=0.1)
+    slurm_cluster.wait_until(lambda: _epochs_done(run_dir) >= 20, 300, "20 epochs", slurm_env, every=0.1)
     slurm_env.command("scancel", "--signal=USR2", job)
-    slurm_cluster.wait_until(lambda: read_job(run_dir)["state"] == "requeued", 60, "the requeue", slurm_env)
+    slurm_cluster.wait_until(lambda: read_job(run_dir)["state"] == "requeued", 180, "the requeue", slurm_env)
     assert read_job(run_dir)["signal"] == "SIGUSR2"
     blob = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert blob["counters"].get("batch", 0) > 0, "the checkpoint was written mid-epoch"
     slurm_cluster.wait_until(
-        lambda: _states(out / CONFIG) == {"sam/seed0": "queued"}, 60, "queued", slurm_env
+        lambda: _states(out / CONFIG) == {"sam/seed0": "queued"}, 180, "queued", slurm_env
     )
     _release(slurm_env, job)
     # a requeue by the scheduler (SIGTERM, as a preemption): Slurm brings the task back itself
@@ -158,10 +164,10 @@ def test_a_task_signalled_mid_epoch_is_requeued_and_resumes_bit_identically(slur
     )
     slurm_env.command("scontrol", "requeue", job)
     slurm_cluster.wait_until(
-        lambda: read_job(run_dir)["state"] == "stopped", 60, "the SIGTERM stop", slurm_env
+        lambda: read_job(run_dir)["state"] == "stopped", 180, "the SIGTERM stop", slurm_env
     )
     _release(slurm_env, job)
-    assert slurm_cluster.wait_until(lambda: _all_finished(out / CONFIG), 300, "the run", slurm_env) == {
+    assert slurm_cluster.wait_until(lambda: _all_finished(out / CONFIG), 600, "the run", slurm_env) == {
         "sam/seed0": "done"
     }
     assert read_job(run_dir)["restarts"] == 2
@@ -180,10 +186,10 @@ def test_a_killed_task_is_reported_failed_with_its_log_and_resubmitted(slurm_env
     assert runner_main([*_long_run(out), "--slurm", "slurm.time=10"]) == 0
     root, run_dir = out / CONFIG, out / CONFIG / "sam" / "seed0"
     job = read_job(run_dir)["id"]
-    slurm_cluster.wait_until(lambda: _epochs_done(run_dir) >= 5, 120, "5 epochs", slurm_env, every=0.1)
+    slurm_cluster.wait_until(lambda: _epochs_done(run_dir) >= 5, 300, "5 epochs", slurm_env, every=0.1)
     slurm_env.command("scancel", "--signal=KILL", "--full", job)  # no warning: nothing is written
     (state,) = slurm_cluster.wait_until(
-        lambda: [s for s in run_states([root]) if s.state == "failed"], 60, "the failure", slurm_env
+        lambda: [s for s in run_states([root]) if s.state == "failed"], 180, "the failure", slurm_env
     )
     assert state.log == read_job(run_dir)["stderr"] and Path(state.log).is_file()
     assert "ended without a result" in state.detail
@@ -197,10 +203,10 @@ def test_a_killed_task_is_reported_failed_with_its_log_and_resubmitted(slurm_env
     assert epochs_before >= 5
     assert runner_main([*_long_run(out), "--slurm", "slurm.time=10"]) == 0
     assert read_job(run_dir)["id"] != job
-    assert slurm_cluster.wait_until(lambda: _all_finished(root), 300, "the resubmitted run", slurm_env) == {
+    assert slurm_cluster.wait_until(lambda: _all_finished(root), 600, "the resubmitted run", slurm_env) == {
         "sam/seed0": "done"
     }
-    assert read_job(run_dir)["restarts"] == 0 and len(_history(run_dir)) == 200
+    assert read_job(run_dir)["restarts"] == 0 and len(_history(run_dir)) == EPOCHS
 
 
 #: 2 optimizers x 5 learning rates x 2 seeds = 20 members, 2 epochs of 2 steps each
@@ -232,7 +238,7 @@ def test_a_twenty_member_study_completes_with_the_results_of_a_local_run(slurm_e
     out = tmp_path / "slurm"
     assert study_main(["run", str(path), "--out", str(out), "--slurm", "slurm.time=10"]) == 0
     assert "submitted 20 of 20 members" in capsys.readouterr().out
-    slurm_cluster.wait_until(lambda: _all_finished(out), 600, "20 members", slurm_env, every=1.0)
+    slurm_cluster.wait_until(lambda: _all_finished(out), 900, "20 members", slurm_env, every=1.0)
     assert set(_states(out).values()) == {"done"}
     local = tmp_path / "local"
     rows = run_population(load_study_config(path), local, progress=False)
