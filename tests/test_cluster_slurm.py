@@ -26,8 +26,9 @@ from experiments.study.__main__ import main as study_main
 from experiments.study.config import load_study_config
 from tests import slurm_cluster
 
-#: the waits below are generous (a loaded machine); pytest's own limit must exceed them
-pytestmark = pytest.mark.timeout(1800)
+#: about six minutes in all: slow (.ci/run runs the slow tests, with Slurm installed and required);
+#: the waits below are generous (a loaded machine), and pytest's own limit exceeds them
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 CONFIG = "digits_sam_vs_sgd"
 #: the long run a task is signalled in: about 20 epochs a second here, so signals land mid-run
