@@ -116,7 +116,9 @@ def rewrite_quotes(claim: Claim, values: dict[str, float]) -> list[str]:
         for k in range(len(fields), 0, -1):  # from the end, so that earlier spans stay valid
             number = fill(replace(claim, quote=fields[k - 1]), values)
             new = new[: match.start(k)] + number + new[match.end(k) :]
-        (ROOT / rel).write_text(new)
+        tmp = (ROOT / rel).with_name(f".{Path(rel).name}.tmp")  # atomic: a page is never half-written
+        tmp.write_text(new)
+        tmp.replace(ROOT / rel)
         written.append(rel)
     return written
 
