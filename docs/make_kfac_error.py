@@ -175,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         x = xtr[: args.examples].to(DT)
         y = ytr[: args.examples]
         print(f"{name}: at initialisation", flush=True)
-        entry = {"factory": factory, "kwargs": {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}}
+        entry = {
+            "factory": factory,
+            "kwargs": {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()},
+        }
         entry["init"] = measure(model, x, y, args.dense_max, args.seed)
         print(f"{name}: training {args.epochs} epochs", flush=True)
         entry["train_loss"] = train(model, xtr, ytr, args.epochs, args.seed)
@@ -184,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         for when in ("init", "trained"):
             r = entry[when]
             print(
-                f"  {when}: p={r['num_params']} Tr={r['exact_trace']:.4g} kfac {r['kfac_trace_rel_error']:+.1%} "
+                f"  {when}: p={r['num_params']} Tr={r['exact_trace']:.4g} "
+                f"kfac {r['kfac_trace_rel_error']:+.1%} "
                 f"ekfac {r['ekfac_trace_rel_error']:+.1e}; lmax={r['exact_lambda_max']:.4g} "
                 f"kfac {r['kfac_lambda_max_rel_error']:+.1%} ekfac {r['ekfac_lambda_max_rel_error']:+.1%}",
                 flush=True,

@@ -162,4 +162,6 @@ def test_the_runner_and_the_study_accept_the_kfac_measures():
     assert [s[1] for s in sharpness_measures(cfg)] == ["kfac_trace", "kfac_lambda_max"]
     # every registered measure is a valid study column (the study validates against ls.MEASURES)
     rows = _check_measures([{"measure": m} for m in ls.MEASURES])
-    assert {"kfac_trace", "kfac_lambda_max", "ekfac_trace", "ekfac_lambda_max"} <= {r["measure"] for r in rows}
+    assert {"kfac_trace", "kfac_lambda_max", "ekfac_trace", "ekfac_lambda_max"} <= {
+        r["measure"] for r in rows
+    }
