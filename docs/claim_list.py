@@ -150,6 +150,40 @@ BENCH_NOTE = (
     "with python benchmarks/bench_training.py"
 )
 
+#: the networks of ``docs/make_kfac_error.py`` and their names in the table of docs/methods/sharpness.md
+KFAC_NETWORKS = {"mlp": "MLP 64-32-10", "lenet5": "LeNet-5", "resnet": "ResNet (width 8, 1-1-1)"}
+
+
+def _kfac_error_claim(key: str, label: str) -> Claim:
+    """One row of the KFAC error table: relative errors in % at initialisation and after training."""
+    net = f"networks.{key}"
+    return Claim(
+        id=f"kfac_error.{key}",
+        source="docs/figures/kfac_error.json",
+        values={
+            "p": f"{net}.init.num_params",
+            "ti": lambda d, n=key: 100 * d["networks"][n]["init"]["kfac_trace_rel_error"],
+            "tt": lambda d, n=key: 100 * d["networks"][n]["trained"]["kfac_trace_rel_error"],
+            "li": lambda d, n=key: 100 * d["networks"][n]["init"]["kfac_lambda_max_rel_error"],
+            "lt": lambda d, n=key: 100 * d["networks"][n]["trained"]["kfac_lambda_max_rel_error"],
+            "ei": lambda d, n=key: 100 * d["networks"][n]["init"]["ekfac_lambda_max_rel_error"],
+            "et": lambda d, n=key: 100 * d["networks"][n]["trained"]["ekfac_lambda_max_rel_error"],
+        },
+        quote=f"| {label} | {{p:.0f}} | {{ti:+.1f}} % | {{tt:+.1f}} % | {{li:+.0f}} % | {{lt:+.0f}} % | "
+        "{ei:+.0f} % | {et:+.0f} % |",
+        files=("docs/methods/sharpness.md",),
+        inputs=(
+            "docs/make_kfac_error.py",
+            "landscape/curvature/kfac.py",
+            "landscape/sharpness/kronecker_based.py",
+        ),
+        rerun="python docs/make_kfac_error.py --out {out}/kfac_error.json",
+        # float64 throughout, but the short float32 training rounds differently on other machines
+        tolerance=0.5,
+        minus="-",
+    )
+
+
 CLAIMS = [
     Claim(
         id="fsam_fig1.minima",
@@ -490,5 +524,6 @@ CLAIMS = [
         tolerance=0.01,
         cost="cheap",
     ),
+    *(_kfac_error_claim(k, v) for k, v in KFAC_NETWORKS.items()),
     *PRODUCT_CLAIMS,
 ]

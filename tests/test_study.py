@@ -124,6 +124,10 @@ def _tiny_config(tmp_path):
         {"measure": "directional", "options": {"directions": 2}},
         {"measure": "perturbation_robustness", "options": {"noise_samples": 1}},
         {"measure": "tracer"},
+        {"measure": "kfac_trace"},
+        {"measure": "kfac_lambda_max"},
+        {"measure": "ekfac_trace"},
+        {"measure": "ekfac_lambda_max"},
     ]  # fmt: skip
     cfg = {
         "name": "tiny",

@@ -37,6 +37,10 @@ MEASURE_OPTIONS: dict[str, dict[str, Any]] = {
     "gradient_norm": {},
     "worst_case": {"rho": 0.05, "solver": "one_step"},
     "average_case": {"rho": 0.05},
+    # KFAC of the GGN, exact from its factors (Martens & Grosse 2015); the ResNet's BatchNorm
+    # parameters have no Kronecker form and are left out
+    "kfac_trace": {"other_params": "skip"},
+    "kfac_lambda_max": {"other_params": "skip"},
 }
 #: the measures whose options take the radius ``rho``
 RHO_MEASURES = frozenset({"worst_case", "average_case"})
@@ -88,6 +92,13 @@ def measure_explanation(name: str, options: dict[str, Any], n_params: int) -> st
         )
     if name == "gradient_norm":
         return "‖∇L(w)‖₂ at the trained weights; no perturbation"
+    if name in ("kfac_trace", "kfac_lambda_max"):
+        what = "trace" if name == "kfac_trace" else "largest eigenvalue"
+        return (
+            f"{what} of KFAC, the GGN approximated block-diagonal across layers and as a Kronecker "
+            "product within each (Martens & Grosse 2015), exact from its factors (one pass over the "
+            "data; Linear/Conv2d weights only, BatchNorm left out); no perturbation"
+        )
     if name == "worst_case":
         return (
             f"max L(w + δ) − L(w) over the ball ‖δ‖₂ ≤ ρ = {rho:g} (whole weight vector, not normalised; "
@@ -125,7 +136,7 @@ def sharpness_notes(rows: list[dict[str, Any]], n_params: int, split: str) -> li
     if exact:
         notes.append(
             f"No standard error (—) for {', '.join(exact)}: deterministic on the {split} data "
-            "(Lanczos to its tolerance, a gradient, one ascent step)."
+            "(Lanczos to its tolerance, a gradient, one ascent step, KFAC's factors)."
         )
     return notes
 

@@ -6,7 +6,8 @@
 * the measures by family: ``curvature_based`` (lambda_max, Hessian/GGN/Fisher traces, gradient
   norm, G-TRACER's penalty), ``worst_case`` (SAM/ASAM/Fisher-SAM neighbourhoods, Keskar, the
   robustness curve), ``average_case`` (random perturbations and filter-normalised directions),
-  ``flatness`` (Jiang et al. 2020's PAC-Bayes and sharpness flatness); ``common`` holds the
+  ``flatness`` (Jiang et al. 2020's PAC-Bayes and sharpness flatness), ``kronecker_based`` (KFAC /
+  EKFAC trace and lambda_max, exact from the factors); ``common`` holds the
   context every measure receives;
 * ``cli``: ``python -m landscape sharpness``.
 

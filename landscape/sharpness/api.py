@@ -19,7 +19,8 @@ gradients counts as one) and ``hvp`` (curvature matrix-vector products).
 
 Measures (``MEASURES``): lambda_max, hessian_trace, fisher_trace, ggn_trace, gradient_norm,
 worst_case, fisher_worst_case, average_case, keskar, pacbayes_flatness, sharpness_flatness,
-directional, perturbation_robustness, tracer. See each function in ``landscape.sharpness`` for
+directional, perturbation_robustness, tracer, kfac_trace, kfac_lambda_max, ekfac_trace,
+ekfac_lambda_max. See each function in ``landscape.sharpness`` for
 the formula, its source and the options.
 """
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from landscape.results import Result, normal_ci
-from landscape.sharpness import average_case, curvature_based, flatness, worst_case
+from landscape.sharpness import average_case, curvature_based, flatness, kronecker_based, worst_case
 from landscape.sharpness.common import Ctx
 
 __all__ = ["MEASURES", "SharpnessResult", "sharpness"]
@@ -52,6 +53,10 @@ _FUNCTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "directional": average_case.directional,
     "perturbation_robustness": worst_case.perturbation_robustness,
     "tracer": curvature_based.tracer,
+    "kfac_trace": kronecker_based.kfac_trace,
+    "kfac_lambda_max": kronecker_based.kfac_lambda_max,
+    "ekfac_trace": kronecker_based.ekfac_trace,
+    "ekfac_lambda_max": kronecker_based.ekfac_lambda_max,
 }
 
 #: Names of every available measure, in the order of the specification table.
