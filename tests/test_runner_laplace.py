@@ -27,12 +27,12 @@ progress = false
 precision = "float64"
 [data]
 name = "digits-image"
-limit_train = 240
-limit_test = 90
+limit_train = 160
+limit_test = 60
 [model]
 name = "lenet5-digits"
 [train]
-epochs = 2
+epochs = 1
 batch_size = 64
 lr = 0.05
 optimizer_defaults = { momentum = 0.9 }
@@ -149,3 +149,31 @@ def test_laplace_table_defaults_combination_and_fingerprint():
     assert plain["methods"][0]["laplace"] == {}
     assert "laplace" not in semantic_config(plain)["methods"][0]
     assert "laplace" in semantic_config(cfg)["methods"][0]
+
+
+def test_experiments_page_shows_the_laplace_rows(runs):
+    """The dashboard's Experiments page (``app/pages/5_Experiments.py``) tabulates the Laplace rows:
+    their ``bma_*`` cells are the runs' ``metrics.json`` values (one seed: the value, 4 digits)."""
+    import sys
+
+    from streamlit.testing.v1 import AppTest
+
+    app = Path(__file__).resolve().parents[1] / "app"
+    sys.path.insert(0, str(app))
+    from dashboard import experiments_groups as eg
+
+    root = runs.parent
+    at = AppTest.from_file(str(app / "pages" / "5_Experiments.py"), default_timeout=300)
+    at.run()
+    at.text_input(key="exp_root").set_value(str(root)).run()
+    at.multiselect(key=eg.state_key("exp_metrics", root)).set_value(
+        ["accuracy", "bma_accuracy", "bma_nll"]
+    ).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    df = at.dataframe[0].value
+    assert list(df["method"]) == ["diag_mc", "kron"]
+    for row, name in zip(df.to_dict("records"), ["diag_mc", "kron"]):
+        m = json.loads((runs / name / "seed0" / "metrics.json").read_text())
+        assert row["bma_accuracy"] == f"{m['bma_accuracy']:.4g}"
+        assert row["bma_nll"] == f"{m['bma_nll']:.4g}"
