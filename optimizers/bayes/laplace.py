@@ -267,11 +267,23 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
 
     ``diag(G)_j = sum_n sum_c p_nc (J_ncj - sum_c' p_nc' J_nc'j)^2`` for cross-entropy (the
     factorisation ``Lambda = A A^T``, ``A = diag(sqrt p) - p sqrt(p)^T``, written as a weighted
-    variance, a sum of non-negative terms), ``sum_n p_n (1 - p_n) J_nj^2`` for the binary loss.  The
-    per-example Jacobians ``J_n`` (``C x P``) are formed with ``vmap(jacrev)`` over the examples of
-    each batch: ``C`` backward passes per example, vectorised; memory ``B C P`` per batch, or
-    ``chunk_size C P`` with ``chunk_size``.  This is exact (the stochastic estimator
-    ``landscape.diagonal(landscape.ggn(obj))`` is not needed), for small and medium models.
+    variance, a sum of non-negative terms), ``sum_n p_n (1 - p_n) J_nj^2`` for the binary loss.
+    Equivalently ``diag(G)_j = sum_n sum_k (J_n^T s_nk)_j^2`` with ``s_nk`` the columns of a square
+    root ``S_n S_n^T = Lambda_n`` (``s_nk = sqrt(p_nk) (e_k - p_n)``; ``sqrt(p_n (1 - p_n))``): the
+    squared per-example gradients of the pseudo-losses ``s_nk^T f_n`` (``s`` held fixed), the
+    per-example form of the GGN diagonal (Dangel, Kunstner & Hennig 2020, "BackPACK", the
+    ``DiagGGNExact`` extension).  Two ways to the same numbers (``curvature=``):
+
+    * ``"per_example"`` (default): :class:`optimizers.per_example.PerExampleGradients` on the
+      examples of a batch repeated once per column ``k`` (``C B`` pseudo-losses): one forward and one
+      backward pass per batch (or per ``chunk_size`` examples), the squares from each layer's input and
+      output gradient (``"layers"``), or the batched backward where the layer rules do not apply;
+      memory ``C B`` activations;
+    * ``"jacobian"``: the per-example Jacobians ``J_n`` (``C x P``) by ``vmap(jacrev)``: ``C`` backward
+      passes per example, vectorised; memory ``B C P`` per batch, or ``chunk_size C P``.
+
+    Both are exact (the stochastic estimator ``landscape.diagonal(landscape.ggn(obj))`` is not
+    needed); the predictive's Jacobians are always the ``vmap(jacrev)`` ones.
 
     Args:
         model: the trained classifier (never modified; evaluated in eval mode).
@@ -280,12 +292,14 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
         data: one ``(inputs, targets)`` batch or a re-iterable of batches (the training set).
         prior_precision: ``delta`` (see :meth:`optimize_prior_precision`).
         params: which weights (the :class:`landscape.Objective` selection; default all).
-        chunk_size: examples per vectorised Jacobian block (``None``: a whole batch).
+        chunk_size: examples per vectorised Jacobian block / per backward pass (``None``: a whole
+            batch).
+        curvature: ``"per_example"`` (default) or ``"jacobian"``, the computation of ``diag(G)``.
         seed, generator: for :meth:`sample` / :meth:`bayesian_model_average` (weight-space samples).
         dtype, device, progress: as for :class:`landscape.Objective`.
 
     Attributes: ``ggn_diagonal`` (``[P]``), ``nll`` (``-log p(D|theta*)``), ``theta_sq``
-    (``||theta*||^2``), ``num_params``, ``config``.
+    (``||theta*||^2``), ``num_params``, ``config`` (with the per-example engine's choice).
     """
 
     def __init__(
@@ -297,12 +311,14 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
         *,
         params: Any = None,
         chunk_size: int | None = None,
+        curvature: str = "per_example",
         seed: int | None = None,
         generator: torch.Generator | None = None,
         dtype: torch.dtype | None = None,
         device: str | torch.device | None = None,
         progress: bool = False,
     ) -> None:
+        check_choice("curvature", curvature, ("per_example", "jacobian"))
         self._setup(
             model, loss_fn, data, prior_precision, params, dtype=dtype, device=device, progress=progress
         )
@@ -314,10 +330,20 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
         named = dict(model.named_parameters())
         self._model_params = [named[n] for n in obj.param_names]
         self.generator, self.seed = resolve_generator(seed, generator, self._model_params[0].device)
+        engine = None
+        if curvature == "per_example":
+            from optimizers.per_example import PerExampleGradients
+
+            engine = PerExampleGradients(self._model_params, model, chunk_size=chunk_size)
         diag = torch.zeros(obj.num_params, dtype=obj.dtype, device=obj.device)
         nll = 0.0
         with obj.guard(), torch.no_grad():
             for x, y, _ in obj.batches():
+                if engine is not None:
+                    n_b, d_b = self._diagonal_per_example(engine, x, y)
+                    nll += n_b
+                    diag += d_b
+                    continue
                 f, J = self._jacobian(x)
                 n_b, lam = _nll_and_lambda(f, y, self.likelihood)
                 nll += float(n_b)
@@ -335,8 +361,54 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
             "likelihood": self.likelihood,
             "objective": obj.config(),
             "chunk_size": chunk_size,
+            "curvature": curvature,
+            "per_example": None if engine is None else engine.config(),
             "seed": self.seed,
         }
+
+    def _diagonal_per_example(self, engine: Any, x: Any, y: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """``(nll, diag(G))`` of one batch from the squared per-example gradients of the pseudo-losses
+        ``s_nk^T f_n`` (class docstring), ``chunk_size`` examples (times ``C``) per backward pass."""
+        obj = self.objective
+        full, bufs = obj.point(None), obj.buffers()
+        out = obj.call(full, bufs, x)
+        self._output_ndim = out.ndim
+        f = _logits(out, self.likelihood)
+        nll, lam = _nll_and_lambda(f, y, self.likelihood)
+        if self.likelihood == "categorical":
+            p = torch.softmax(f, dim=1)
+            eye = torch.eye(p.shape[1], dtype=p.dtype, device=p.device)
+            S = (eye[None] - p[:, :, None]) * p.sqrt()[:, None, :]  # [B, C, k]: column k sqrt(p_k)(e_k - p)
+        else:
+            S = lam.sqrt()
+        K, B = S.shape[2], f.shape[0]
+        step = B if self.chunk_size is None else self.chunk_size
+        diag = torch.zeros(obj.num_params, dtype=obj.dtype, device=obj.device)
+        # the engine's plan (which layer owns which parameter) is made on the model's own parameters;
+        # the gradients are taken with respect to the tensors the functional forward uses, same order
+        leaves = [full[n].detach().requires_grad_(True) for n in obj.param_names]
+        engine.params = leaves
+        point = {**full, **dict(zip(obj.param_names, leaves))}
+        # the engine checks its layer rules against the batched backward on its first call (all rows of
+        # the per-example Jacobian): that call gets two examples, so the check costs 2 C rows
+        bounds, i = [], 0
+        if engine.method == "layers" and engine.verify and not engine.verified:
+            bounds, i = [(0, min(B, 2))], min(B, 2)
+        bounds += [(j, min(B, j + step)) for j in range(i, B, step)]
+        for i, stop in bounds:
+            xs = _map_inputs(x, lambda t, i=i, stop=stop: t[i:stop].repeat(K, *([1] * (t.ndim - 1))))
+            with torch.enable_grad(), engine.capture():
+                fk = _logits(obj.call(point, bufs, xs), self.likelihood)
+                b = stop - i
+                losses = torch.einsum("kbc,bck->kb", fk.reshape(K, b, -1), S[i:stop]).reshape(-1)
+                m = engine.moments(losses)
+            diag += torch.cat(
+                [
+                    torch.zeros_like(t).reshape(-1) if s is None else s.reshape(-1)
+                    for s, t in zip(m.sum_sq, leaves)
+                ]
+            )
+        return float(nll), diag
 
     def _curvature_eigs(self) -> torch.Tensor:
         return self.ggn_diagonal
