@@ -11,9 +11,12 @@ pip install -q --no-deps \
   "torchmetrics==1.9.0"
 pip install -q "einops>=0.8" "opt_einsum>=3.3" "jaxtyping>=0.2" "lightning-utilities>=0.8" \
   typing_extensions packaging scipy tqdm
+# laplace-torch: the reference of the KronLaplace cross-check (tests/test_kron_laplace_peer.py); it
+# imports asdl (shipped by asdfghjkl 0.1a4, pure Python) and backpack at import time
+pip install -q --no-deps "laplace-torch==0.3" "asdfghjkl==0.1a4"
 # the trainers of docs/recipes.md (tests/test_recipes.py): Lightning and the HuggingFace Trainer,
 # torch-based, so without their dependencies, which follow (none of them pulls torch)
 pip install -q --no-deps "lightning==2.5.6" "transformers==4.57.6" "accelerate==1.15.0"
 pip install -q fsspec pyyaml "huggingface-hub>=0.34,<1.0" "tokenizers>=0.22,<=0.23.0" "safetensors>=0.4" regex \
   psutil requests filelock
-python -c "import curvlinops, hessian_eigenthings, pyhessian, torchmetrics, lightning, transformers, accelerate; print('benchmark peers and recipe trainers installed')"
+python -c "import curvlinops, laplace, hessian_eigenthings, pyhessian, torchmetrics, lightning, transformers, accelerate; print('benchmark peers and recipe trainers installed')"

@@ -196,6 +196,7 @@ METHOD_KEYS: dict[str, Any] = {
     "bayesian": {},
     "mc_dropout": {},
     "ensemble": {},
+    "laplace": {},
 }
 #: ``convention`` says what ``scale`` means (``optimizers.SWAG``): ``"paper"`` multiplies the standard
 #: deviation (Maddox et al. eq. 1), ``"code"`` the variance (their released sampler, whose scales the
@@ -214,12 +215,23 @@ SWAG_POSTERIORS = ("swag", "swag_diag")
 #: others taking these defaults (``ensemble = { members = 5 }``): Bayesian layers
 #: (``optimizers.convert_to_bayesian``: SGVB, SGVB-LRT with ``local_reparam``; the ELBO's KL
 #: weighted by ``kl_weight``), the MC-Dropout predictive with ``samples`` passes, a deep ensemble
-#: of ``members`` runs.
+#: of ``members`` runs, a post-hoc Laplace posterior (:mod:`experiments.laplace_fit`: ``kind`` "kron"
+#: or "diag", ``prior_precision`` a number > 0 or "optimize", ``predictive`` "glm" (with ``link``
+#: "probit" or "mc") or "mc" (weight samples), ``samples`` draws for the MC predictives).
 METHOD_TABLES: dict[str, dict[str, Any]] = {
     "bayesian": {"prior_std": 1.0, "init_std": 1e-3, "local_reparam": False, "kl_weight": 1.0},
     "mc_dropout": {"samples": 30},
     "ensemble": {"members": 5},
+    "laplace": {
+        "kind": "kron",
+        "prior_precision": "optimize",
+        "predictive": "glm",
+        "link": "probit",
+        "samples": 32,
+    },
 }
+#: the values the ``laplace`` table's string keys take
+LAPLACE_CHOICES = {"kind": ("kron", "diag"), "predictive": ("glm", "mc"), "link": ("probit", "mc")}
 
 _TYPE_NAMES = {
     bool: "true or false",
@@ -464,7 +476,9 @@ _TABLES = ("swag", *METHOD_TABLES)
 def _method_tables(i: int, m: dict[str, Any]) -> None:
     """Fill the :data:`METHOD_TABLES` a method turns on with their defaults and check them."""
     for key, defaults in METHOD_TABLES.items():
-        if m[key]:
+        if m[key] and key == "laplace":
+            m[key] = _laplace_table(i, m[key])
+        elif m[key]:
             m[key] = _merge(f"methods[{i}].{key}", m[key], defaults)
     b, d, e = m["bayesian"], m["mc_dropout"], m["ensemble"]
     if b and (b["prior_std"] <= 0 or b["init_std"] <= 0 or b["kl_weight"] < 0):
@@ -479,8 +493,31 @@ def _method_tables(i: int, m: dict[str, Any]) -> None:
     if len(on) > 1:
         raise ConfigError(
             f"methods[{i}] combines {' and '.join(on)}; a method has at most one of swag, bayesian, "
-            "mc_dropout and ensemble (use one [[methods]] entry per combination the runner supports)"
+            "mc_dropout, ensemble and laplace (use one [[methods]] entry per combination the runner supports)"
         )
+
+
+def _laplace_table(i: int, given: dict[str, Any]) -> dict[str, Any]:
+    """The ``laplace`` table with its defaults: ``prior_precision`` a number > 0 or "optimize", the
+    string keys among :data:`LAPLACE_CHOICES`, ``samples`` >= 1."""
+    where = f"methods[{i}].laplace"
+    rest = {k: v for k, v in given.items() if k != "prior_precision"}
+    defaults = {k: v for k, v in METHOD_TABLES["laplace"].items() if k != "prior_precision"}
+    out = _merge(where, rest, defaults)
+    prior = given.get("prior_precision", "optimize")
+    number = isinstance(prior, (int, float)) and not isinstance(prior, bool)
+    if prior != "optimize" and not (number and math.isfinite(prior) and 0 < prior <= FLOAT32_MAX):
+        raise ConfigError(
+            f'{where}.prior_precision must be a number > 0 or "optimize" (the maximiser of the log '
+            f"marginal likelihood), got {prior!r}"
+        )
+    out["prior_precision"] = float(prior) if number else prior
+    for key, choices in LAPLACE_CHOICES.items():
+        if out[key] not in choices:
+            raise ConfigError(f"{where}.{key} must be one of {list(choices)}, got {out[key]!r}")
+    if out["samples"] < 1:
+        raise ConfigError(f"{where}.samples must be >= 1, got {out['samples']}")
+    return out
 
 
 def _check_swag(i: int, s: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from experiments.ensembles import (
     predict_probs,
     sample_contexts,
 )
+from experiments.laplace_fit import fit_laplace, laplace_probs, laplace_summary
 from landscape import metrics
 from landscape.data import CIFAR10C_ALL_CORRUPTIONS, load_cifar10c
 from landscape.data.batching import inputs_to
@@ -221,7 +222,9 @@ def evaluate_run(
     predictive with its ``samples``; of a deep ensemble (``opt`` a :class:`Members`) the members'
     average, the point metrics being member 0's and ``details["members"]`` every member's; of a
     model with Bayesian layers ``evaluation.bma_samples`` weight samples, its point metrics (and
-    sharpness) those of the mean network.
+    sharpness) those of the mean network; of a method with a ``laplace`` table the predictive of the
+    Laplace posterior fitted around the trained weights (:mod:`experiments.laplace_fit`), the fit
+    recorded in ``details["laplace"]``.
     """
     e = cfg["evaluation"]
     bs = e["batch_size"]
@@ -271,13 +274,22 @@ def evaluate_run(
     bma_sets = {**sets, **(corr if e["corruption_bma"] else {})}
     bma: dict[str, torch.Tensor] = {}
     dropout = cfg["methods"][0].get("mc_dropout")
+    lap = cfg["methods"][0].get("laplace")
     if isinstance(opt, Members):
         details["members"] = []
         for seed_k, make in zip(opt.seeds, contexts or []):
             with make():
                 probs_k = {k: predict_probs(model, get(), bs, device) for k, get in sets.items()}
             details["members"].append({"seed": seed_k, **scored(probs_k, f"ensemble member seed {seed_k}")})
-    if dropout:
+    if lap:
+        post = fit_laplace(
+            model, data.x_train, data.y_train, lap, batch_size=bs, seed=seed, progress=progress
+        )
+        details["laplace"] = laplace_summary(post, lap)
+        bma = {
+            k: laplace_probs(post, model, get(), lap, batch_size=bs, seed=seed) for k, get in bma_sets.items()
+        }
+    elif dropout:
         bma = mc_dropout_probs(
             model,
             bma_sets,

@@ -39,7 +39,7 @@ _EVAL_ONLY = ("evaluation",)
 
 #: Keys added after run directories were first fingerprinted: left out of the hash while at their
 #: default, so the runs of older configurations keep their fingerprints (and are not redone).
-_LATER_METHOD_KEYS = ("bayesian", "mc_dropout", "ensemble")
+_LATER_METHOD_KEYS = ("bayesian", "mc_dropout", "ensemble", "laplace")
 _LATER_KEYS = {
     "data": {"allow_test_as_train": False, "autoaugment": "none", "cutout": 0},
     "distributed": {"sync_batchnorm": False},

@@ -22,7 +22,7 @@ from optimizers.bayes import MFVI, SWAG, AdamTracer, BayesianSAM, FlatSGLD, SGDT
 from optimizers.bayes.ensembles import DeepEnsemble, train_ensemble
 from optimizers.bayes.flat_sgvb import FlatSGVB
 from optimizers.bayes.ivon import IVON
-from optimizers.bayes.laplace import DiagLaplace, LastLayerLaplace
+from optimizers.bayes.laplace import DiagLaplace, KronLaplace, LastLayerLaplace
 from optimizers.bayes.mc_dropout import mc_dropout_predict
 from optimizers.bayes.sgvb import convert_to_bayesian
 from optimizers.bayes.vogn import VOGN
@@ -51,4 +51,5 @@ __all__ = [
     "make_closure",
 ]
 __all__ += ["DeepEnsemble", "FlatSGVB", "convert_to_bayesian", "mc_dropout_predict", "train_ensemble"]
-__all__ += ["IVON", "VOGN", "DiagLaplace", "LastLayerLaplace", "LossScaler", "ScaleUnderflow", "SkipStep"]
+__all__ += ["IVON", "VOGN", "DiagLaplace", "KronLaplace", "LastLayerLaplace"]
+__all__ += ["LossScaler", "ScaleUnderflow", "SkipStep"]

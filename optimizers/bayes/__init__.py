@@ -4,7 +4,8 @@
   (VOGN), ``ivon`` (IVON), ``sgvb`` (SGVB / SGVB-LRT layers) and ``flat_sgvb`` (F-SGVB, + geometry);
 * sampling and ensembles: ``swag`` (SWAG / F-SWAG, BatchNorm recalibration), ``sgld`` (F-SGLD),
   ``mc_dropout`` (MC-Dropout / F-MC-Dropout), ``ensembles`` (deep / F-deep ensembles);
-* ``laplace``: diagonal and last-layer GGN Laplace with the linearised predictive;
+* ``laplace``: diagonal, Kronecker-factored (KFAC) and last-layer GGN Laplace with the linearised
+  predictive;
 * ``tracer``: G-TRACER.
 
 The diagonal-Gaussian posterior API and Bayesian model averaging live in
@@ -15,7 +16,7 @@ from optimizers.bayes.bsam import BayesianSAM
 from optimizers.bayes.ensembles import DeepEnsemble, sam_factory, train_ensemble
 from optimizers.bayes.flat_sgvb import FlatSGVB
 from optimizers.bayes.ivon import IVON
-from optimizers.bayes.laplace import DiagLaplace, LastLayerLaplace
+from optimizers.bayes.laplace import DiagLaplace, KronLaplace, LastLayerLaplace
 from optimizers.bayes.mc_dropout import f_mc_dropout, mc_dropout_closure, mc_dropout_predict
 from optimizers.bayes.mfvi import MFVI
 from optimizers.bayes.sgld import FlatSGLD
@@ -44,6 +45,7 @@ __all__ = [
     "DiagLaplace",
     "FlatSGLD",
     "FlatSGVB",
+    "KronLaplace",
     "LastLayerLaplace",
     "SGDTracer",
     "bn_update",

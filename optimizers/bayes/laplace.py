@@ -32,7 +32,7 @@ from landscape.inputs import _map_inputs
 from landscape.objective import Objective
 from optimizers.posterior import DiagonalGaussianPosterior, resolve_generator
 
-__all__ = ["DiagLaplace", "LastLayerLaplace"]
+__all__ = ["DiagLaplace", "KronLaplace", "LastLayerLaplace"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -72,6 +72,10 @@ def _logits(out: torch.Tensor, lik: str) -> torch.Tensor:
         return out
     if out.ndim == 1 or (out.ndim == 2 and out.shape[1] == 1):
         return out.reshape(-1, 1)
+    if lik == "gaussian":
+        if out.ndim in (1, 2):
+            return out.reshape(out.shape[0], -1)
+        raise ValueError(f"the Gaussian likelihood needs model outputs [B] or [B, C], got {tuple(out.shape)}")
     raise ValueError(
         f"a binary logistic loss needs one logit per example ([B] or [B, 1]), got {tuple(out.shape)}"
     )
@@ -149,12 +153,22 @@ class _Laplace:
     """Fitting data, evidence, prior precision and the GLM predictive shared by both variants."""
 
     _output_ndim = 2
+    chunk_size: int | None = None
 
-    def _setup(self, model: nn.Module, loss_fn: Any, data: Any, prior_precision: float, params: Any, **kw):
+    def _setup(
+        self,
+        model: nn.Module,
+        loss_fn: Any,
+        data: Any,
+        prior_precision: float,
+        params: Any,
+        likelihood: str | None = None,
+        **kw,
+    ):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         check_positive("prior_precision", prior_precision)
-        self.likelihood = _likelihood(loss_fn)
+        self.likelihood = _likelihood(loss_fn) if likelihood is None else likelihood
         self.model = model
         self.objective = Objective(model, loss_fn, data, params=params, mode="eval", **kw)
         self.prior_precision = float(prior_precision)
@@ -176,6 +190,26 @@ class _Laplace:
             raise ValueError(f"bounds must be (low, high) with 0 < low < high, got {bounds!r}")
         self.prior_precision = fit_prior_precision(self.theta_sq, self._curvature_eigs(), tuple(bounds))
         return self.prior_precision
+
+    def _jacobian(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[B, C]`` and per-example Jacobians ``[B, C, P]`` in the selected weights at
+        ``theta*`` (``vmap(jacrev)`` over the examples, ``chunk_size`` at a time)."""
+        obj = self.objective
+        full, bufs = obj.point(None), obj.buffers()
+        sel = {n: full[n] for n in obj.param_names}
+        frozen = {n: t for n, t in full.items() if n not in sel}
+        out = obj.call(full, bufs, x)
+        self._output_ndim = out.ndim
+        f = _logits(out, self.likelihood)
+
+        def one(s, xi):
+            out = obj.call({**frozen, **s}, bufs, _map_inputs(xi, lambda t: t.unsqueeze(0)))
+            return out.reshape(-1)
+
+        jac = vmap(jacrev(one), in_dims=(None, 0), chunk_size=self.chunk_size)(sel, x)
+        B, C = f.shape
+        J = torch.cat([jac[n].reshape(B, C, -1) for n in obj.param_names], dim=2)
+        return f, J
 
     # ---------------------------------------------------------------- predictive
     def _function_space(self, inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
@@ -233,11 +267,23 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
 
     ``diag(G)_j = sum_n sum_c p_nc (J_ncj - sum_c' p_nc' J_nc'j)^2`` for cross-entropy (the
     factorisation ``Lambda = A A^T``, ``A = diag(sqrt p) - p sqrt(p)^T``, written as a weighted
-    variance, a sum of non-negative terms), ``sum_n p_n (1 - p_n) J_nj^2`` for the binary loss.  The
-    per-example Jacobians ``J_n`` (``C x P``) are formed with ``vmap(jacrev)`` over the examples of
-    each batch: ``C`` backward passes per example, vectorised; memory ``B C P`` per batch, or
-    ``chunk_size C P`` with ``chunk_size``.  This is exact (the stochastic estimator
-    ``landscape.diagonal(landscape.ggn(obj))`` is not needed), for small and medium models.
+    variance, a sum of non-negative terms), ``sum_n p_n (1 - p_n) J_nj^2`` for the binary loss.
+    Equivalently ``diag(G)_j = sum_n sum_k (J_n^T s_nk)_j^2`` with ``s_nk`` the columns of a square
+    root ``S_n S_n^T = Lambda_n`` (``s_nk = sqrt(p_nk) (e_k - p_n)``; ``sqrt(p_n (1 - p_n))``): the
+    squared per-example gradients of the pseudo-losses ``s_nk^T f_n`` (``s`` held fixed), the
+    per-example form of the GGN diagonal (Dangel, Kunstner & Hennig 2020, "BackPACK", the
+    ``DiagGGNExact`` extension).  Two ways to the same numbers (``curvature=``):
+
+    * ``"per_example"`` (default): :class:`optimizers.per_example.PerExampleGradients` on the
+      examples of a batch repeated once per column ``k`` (``C B`` pseudo-losses): one forward and one
+      backward pass per batch (or per ``chunk_size`` examples), the squares from each layer's input and
+      output gradient (``"layers"``), or the batched backward where the layer rules do not apply;
+      memory ``C B`` activations;
+    * ``"jacobian"``: the per-example Jacobians ``J_n`` (``C x P``) by ``vmap(jacrev)``: ``C`` backward
+      passes per example, vectorised; memory ``B C P`` per batch, or ``chunk_size C P``.
+
+    Both are exact (the stochastic estimator ``landscape.diagonal(landscape.ggn(obj))`` is not
+    needed); the predictive's Jacobians are always the ``vmap(jacrev)`` ones.
 
     Args:
         model: the trained classifier (never modified; evaluated in eval mode).
@@ -246,12 +292,14 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
         data: one ``(inputs, targets)`` batch or a re-iterable of batches (the training set).
         prior_precision: ``delta`` (see :meth:`optimize_prior_precision`).
         params: which weights (the :class:`landscape.Objective` selection; default all).
-        chunk_size: examples per vectorised Jacobian block (``None``: a whole batch).
+        chunk_size: examples per vectorised Jacobian block / per backward pass (``None``: a whole
+            batch).
+        curvature: ``"per_example"`` (default) or ``"jacobian"``, the computation of ``diag(G)``.
         seed, generator: for :meth:`sample` / :meth:`bayesian_model_average` (weight-space samples).
         dtype, device, progress: as for :class:`landscape.Objective`.
 
     Attributes: ``ggn_diagonal`` (``[P]``), ``nll`` (``-log p(D|theta*)``), ``theta_sq``
-    (``||theta*||^2``), ``num_params``, ``config``.
+    (``||theta*||^2``), ``num_params``, ``config`` (with the per-example engine's choice).
     """
 
     def __init__(
@@ -263,12 +311,14 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
         *,
         params: Any = None,
         chunk_size: int | None = None,
+        curvature: str = "per_example",
         seed: int | None = None,
         generator: torch.Generator | None = None,
         dtype: torch.dtype | None = None,
         device: str | torch.device | None = None,
         progress: bool = False,
     ) -> None:
+        check_choice("curvature", curvature, ("per_example", "jacobian"))
         self._setup(
             model, loss_fn, data, prior_precision, params, dtype=dtype, device=device, progress=progress
         )
@@ -280,10 +330,20 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
         named = dict(model.named_parameters())
         self._model_params = [named[n] for n in obj.param_names]
         self.generator, self.seed = resolve_generator(seed, generator, self._model_params[0].device)
+        engine = None
+        if curvature == "per_example":
+            from optimizers.per_example import PerExampleGradients
+
+            engine = PerExampleGradients(self._model_params, model, chunk_size=chunk_size)
         diag = torch.zeros(obj.num_params, dtype=obj.dtype, device=obj.device)
         nll = 0.0
         with obj.guard(), torch.no_grad():
             for x, y, _ in obj.batches():
+                if engine is not None:
+                    n_b, d_b = self._diagonal_per_example(engine, x, y)
+                    nll += n_b
+                    diag += d_b
+                    continue
                 f, J = self._jacobian(x)
                 n_b, lam = _nll_and_lambda(f, y, self.likelihood)
                 nll += float(n_b)
@@ -301,27 +361,54 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
             "likelihood": self.likelihood,
             "objective": obj.config(),
             "chunk_size": chunk_size,
+            "curvature": curvature,
+            "per_example": None if engine is None else engine.config(),
             "seed": self.seed,
         }
 
-    def _jacobian(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits ``[B, C]`` and per-example Jacobians ``[B, C, P]`` at ``theta*``."""
+    def _diagonal_per_example(self, engine: Any, x: Any, y: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """``(nll, diag(G))`` of one batch from the squared per-example gradients of the pseudo-losses
+        ``s_nk^T f_n`` (class docstring), ``chunk_size`` examples (times ``C``) per backward pass."""
         obj = self.objective
         full, bufs = obj.point(None), obj.buffers()
-        sel = {n: full[n] for n in obj.param_names}
-        frozen = {n: t for n, t in full.items() if n not in sel}
         out = obj.call(full, bufs, x)
         self._output_ndim = out.ndim
         f = _logits(out, self.likelihood)
-
-        def one(s, xi):
-            out = obj.call({**frozen, **s}, bufs, _map_inputs(xi, lambda t: t.unsqueeze(0)))
-            return out.reshape(-1)
-
-        jac = vmap(jacrev(one), in_dims=(None, 0), chunk_size=self.chunk_size)(sel, x)
-        B, C = f.shape
-        J = torch.cat([jac[n].reshape(B, C, -1) for n in obj.param_names], dim=2)
-        return f, J
+        nll, lam = _nll_and_lambda(f, y, self.likelihood)
+        if self.likelihood == "categorical":
+            p = torch.softmax(f, dim=1)
+            eye = torch.eye(p.shape[1], dtype=p.dtype, device=p.device)
+            S = (eye[None] - p[:, :, None]) * p.sqrt()[:, None, :]  # [B, C, k]: column k sqrt(p_k)(e_k - p)
+        else:
+            S = lam.sqrt()
+        K, B = S.shape[2], f.shape[0]
+        step = B if self.chunk_size is None else self.chunk_size
+        diag = torch.zeros(obj.num_params, dtype=obj.dtype, device=obj.device)
+        # the engine's plan (which layer owns which parameter) is made on the model's own parameters;
+        # the gradients are taken with respect to the tensors the functional forward uses, same order
+        leaves = [full[n].detach().requires_grad_(True) for n in obj.param_names]
+        engine.params = leaves
+        point = {**full, **dict(zip(obj.param_names, leaves))}
+        # the engine checks its layer rules against the batched backward on its first call (all rows of
+        # the per-example Jacobian): that call gets two examples, so the check costs 2 C rows
+        bounds, i = [], 0
+        if engine.method == "layers" and engine.verify and not engine.verified:
+            bounds, i = [(0, min(B, 2))], min(B, 2)
+        bounds += [(j, min(B, j + step)) for j in range(i, B, step)]
+        for i, stop in bounds:
+            xs = _map_inputs(x, lambda t, i=i, stop=stop: t[i:stop].repeat(K, *([1] * (t.ndim - 1))))
+            with torch.enable_grad(), engine.capture():
+                fk = _logits(obj.call(point, bufs, xs), self.likelihood)
+                b = stop - i
+                losses = torch.einsum("kbc,bck->kb", fk.reshape(K, b, -1), S[i:stop]).reshape(-1)
+                m = engine.moments(losses)
+            diag += torch.cat(
+                [
+                    torch.zeros_like(t).reshape(-1) if s is None else s.reshape(-1)
+                    for s, t in zip(m.sum_sq, leaves)
+                ]
+            )
+        return float(nll), diag
 
     def _curvature_eigs(self) -> torch.Tensor:
         return self.ggn_diagonal
@@ -494,3 +581,271 @@ class LastLayerLaplace(_Laplace):
         S[self._perm.unsqueeze(1), self._perm.unsqueeze(0)] = self.posterior_covariance()
         S = S.reshape(C, Dt, C, Dt)
         return f, torch.einsum("bd,cdke,be->bck", phi, S, phi)
+
+
+# --------------------------------------------------------------------------------------------
+# Kronecker-factored Laplace
+# --------------------------------------------------------------------------------------------
+def _kron_likelihood(loss_fn: Any) -> str:
+    """:func:`_likelihood`, plus ``"gaussian"`` for ``nn.MSELoss()`` (regression)."""
+    if isinstance(loss_fn, nn.MSELoss) or loss_fn is nn.functional.mse_loss:
+        return "gaussian"
+    try:
+        return _likelihood(loss_fn)
+    except ValueError as exc:
+        if "classification losses only" not in str(exc):
+            raise
+        raise ValueError(
+            f"KronLaplace supports nn.CrossEntropyLoss(), nn.BCEWithLogitsLoss() and nn.MSELoss() "
+            f"(regression, with sigma_noise), got {type(loss_fn).__name__}"
+        ) from None
+
+
+_SUM_LOSSES = {
+    "categorical": nn.CrossEntropyLoss,
+    "bernoulli": nn.BCEWithLogitsLoss,
+    "gaussian": nn.MSELoss,
+}
+
+
+class KronLaplace(_Laplace):
+    r"""Kronecker-factored Laplace over the ``nn.Linear`` / ``nn.Conv2d`` weights of a whole network.
+
+    The GGN of the summed negative log-likelihood is replaced by KFAC (:func:`landscape.kfac`, the
+    type-2 Fisher; Martens & Grosse 2015; Ritter, Botev & Barber 2018, "A scalable Laplace
+    approximation for neural networks"), one block per layer (weight and bias as two blocks by
+    default, as laplace-torch's ``KronLaplace``), and the posterior precision of block ``l`` is
+
+        ``P_l = s (G_l kron A_l) + delta I``,  ``G_l = sum_n sum_j g_nj g_nj^T``,
+        ``A_l = (1/N) sum_n a_n a_n^T``
+
+    (``G`` the gradient factor of the *summed* loss, ``A`` the *averaged* input factor, so
+    ``G kron A ~ N E[g g^T] kron E[a a^T]``: laplace-torch's normalisation, ``Kron`` with curvlinops'
+    ``KFACLinearOperator`` rescaled by its ``_rescale_kron_factors``); ``s = 1`` for cross-entropy and
+    the logistic loss and ``s = 1 / (2 sigma^2)`` for ``nn.MSELoss`` (whose summed loss is
+    ``||y - f||^2`` with output Hessian ``2 I``; the Gaussian likelihood's is ``I / sigma^2``).
+
+    With ``G = Q_G diag(l_G) Q_G^T`` and ``A = Q_A diag(l_A) Q_A^T``, ``P_l`` is diagonal in
+    ``Q_G kron Q_A`` with eigenvalues ``s l_G,i l_A,j + delta``, so the prior is added *exactly*
+    (no factor-wise damping): ``log det P = sum_l sum_ij log(s l_G,i l_A,j + delta)``, ``P^-1`` and
+    ``P^-1/2`` are ``Q [(Q^T . Q) * (s l_G l_A^T + delta)^-1 or ^-1/2] Q^T`` per block (Immer et al.
+    2021, "Scalable marginal likelihood estimation for model selection in deep learning", Sec. 4 /
+    App. A; laplace-torch's ``KronDecomposed`` with ``damping=False``).  The log marginal
+    likelihood, the prior-precision fit, the linearised predictive and the probit / function-space
+    MC links are the base's (:class:`DiagLaplace`); ``predictive(pred_type="mc")`` samples weights
+    ``theta* + P^-1/2 z`` (the symmetric square root, as laplace-torch's ``sample``) and averages the
+    network's softmax.
+
+    Args:
+        model: the trained network (never modified; evaluated in eval mode).  Every selected weight
+            must belong to an ``nn.Linear`` / ``nn.Conv2d``; other layers (BatchNorm, Embedding, ...)
+            are refused by name unless left out with ``params=``.
+        loss_fn: ``nn.CrossEntropyLoss()``, ``nn.BCEWithLogitsLoss()`` or ``nn.MSELoss()`` (its
+            reduction is ignored: the Laplace approximation uses the summed negative log-likelihood).
+        data: one ``(inputs, targets)`` batch or a re-iterable of batches (the training set).
+        prior_precision: ``delta`` (a scalar; see :meth:`optimize_prior_precision`).
+        params: which weights (the :class:`landscape.Objective` selection; default all).
+        sigma_noise: the Gaussian likelihood's noise standard deviation (``nn.MSELoss`` only).
+        separate_bias: ``True`` (default): a layer's weight and bias are two blocks (laplace-torch);
+            ``False``: one block with a column of ones in ``A`` (Martens & Grosse 2015).
+        kfac_approx: ``"expand"`` or ``"reduce"`` for weight-sharing inputs (:func:`landscape.kfac`).
+        chunk_size: examples per vectorised Jacobian block in the linearised predictive.
+        seed, generator: the default generator of :meth:`sample`.
+        dtype, device, progress: as for :class:`landscape.Objective`.
+
+    Attributes: ``kfac`` (the :class:`~landscape.curvature.kfac.KFACOperator`), ``nll``, ``theta_sq``,
+    ``num_params``, ``num_data``, ``config``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Any,
+        data: Any,
+        prior_precision: float = 1.0,
+        *,
+        params: Any = None,
+        sigma_noise: float = 1.0,
+        separate_bias: bool = True,
+        kfac_approx: str = "expand",
+        chunk_size: int | None = None,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        progress: bool = False,
+    ) -> None:
+        from landscape.curvature.kfac import kfac
+
+        lik = _kron_likelihood(loss_fn)
+        check_positive("sigma_noise", sigma_noise)
+        if lik != "gaussian" and sigma_noise != 1.0:
+            raise ValueError(
+                f"sigma_noise is the Gaussian likelihood's (nn.MSELoss); a {lik} likelihood has none, "
+                "leave it at 1.0"
+            )
+        if chunk_size is not None:
+            check_positive("chunk_size", chunk_size, integer=True)
+        self.chunk_size = chunk_size
+        self.sigma_noise = float(sigma_noise)
+        sum_loss = _SUM_LOSSES[lik](reduction="sum")
+        self._setup(
+            model, sum_loss, data, prior_precision, params, lik, dtype=dtype, device=device, progress=progress
+        )
+        obj = self.objective
+        try:
+            self.kfac = kfac(obj, kfac_approx=kfac_approx, separate_bias=separate_bias)
+        except ValueError as exc:
+            if "no Kronecker form" not in str(exc):
+                raise
+            raise ValueError(f"KronLaplace: {exc} (pass params= to KronLaplace)") from None
+        self.num_params = obj.num_params
+        self.num_data = obj.num_examples
+        self._scale = 1.0 / (2.0 * self.sigma_noise**2) if lik == "gaussian" else 1.0
+        self._eigs = []  # per block: (block, l_G, Q_G, l_A | None, Q_A | None)
+        for b in self.kfac.blocks():
+            lg, qg = torch.linalg.eigh(b.left)
+            la, qa = (None, None) if b.right is None else torch.linalg.eigh(b.right)
+            self._eigs.append((b, lg, qg, la, qa))
+        self.generator, self.seed = resolve_generator(seed, generator, obj.device)
+        self.nll, self._outputs = self._nll()
+        self.theta_sq = float(obj.flat_params().square().sum())
+        self.config = {
+            "kind": "kron_laplace",
+            "likelihood": lik,
+            "sigma_noise": self.sigma_noise,
+            "separate_bias": bool(separate_bias),
+            "kfac_approx": kfac_approx,
+            "objective": obj.config(),
+            "chunk_size": chunk_size,
+            "seed": self.seed,
+        }
+
+    def _nll(self) -> tuple[float, int]:
+        """``-log p(D | theta*)`` (summed) and the outputs per example.  Gaussian:
+        ``||y - f||^2 / (2 sigma^2) + N C log(sigma sqrt(2 pi))`` (laplace-torch's ``log_likelihood``)."""
+        obj = self.objective
+        total, outputs = 0.0, 1
+        with obj.guard(), torch.no_grad():
+            full, bufs = obj.point(None), obj.buffers()
+            for x, y, _ in obj.batches():
+                out = obj.call(full, bufs, x)
+                self._output_ndim = out.ndim
+                f = _logits(out, self.likelihood)
+                outputs = f.shape[1]
+                total += float(obj.loss_fn(out, y))
+        if self.likelihood == "gaussian":
+            total = total * self._scale + self.num_data * outputs * math.log(
+                self.sigma_noise * math.sqrt(2 * math.pi)
+            )
+        return total, outputs
+
+    # ---------------------------------------------------------------- the posterior's algebra
+    def _grid(self, lg: torch.Tensor, la: torch.Tensor | None) -> torch.Tensor:
+        """``[d_out, c]``: the block's curvature eigenvalues ``s l_G,i l_A,j``."""
+        return self._scale * (lg[:, None] if la is None else lg[:, None] * la[None, :])
+
+    def _curvature_eigs(self) -> torch.Tensor:
+        return torch.cat([self._grid(lg, la).reshape(-1) for _, lg, _, la, _ in self._eigs])
+
+    def _blocks(self, exponent: float, prior_precision: float | None = None) -> list:
+        """``P^exponent`` per block in the eigenbasis form of :class:`KroneckerBlock`."""
+        from landscape.curvature.kronecker import KroneckerBlock
+
+        d = self.prior_precision if prior_precision is None else prior_precision
+        check_positive("prior_precision", d)
+        out = []
+        for b, lg, qg, la, qa in self._eigs:
+            den = self._grid(lg, la).clamp_min(0.0) + d
+            out.append(
+                KroneckerBlock(
+                    b.name, b.index, b.d_out, b.cols, q_left=qg, q_right=qa, diag=den.pow(exponent)
+                )
+            )
+        return out
+
+    def _apply(self, blocks: list, V: torch.Tensor) -> torch.Tensor:
+        """``blockdiag(blocks) @ V`` for ``V`` ``[P, k]`` (the objective's parameter order)."""
+        out = torch.zeros_like(V)
+        k = V.shape[1]
+        for b in blocks:
+            M = V[b.index].T.reshape(k, b.d_out, b.cols)
+            out[b.index] = b.apply(M).reshape(k, -1).T
+        return out
+
+    def posterior_precision(self, prior_precision: float | None = None) -> torch.Tensor:
+        """``s (G kron A) + delta I`` as a dense ``[P, P]`` matrix (for small models and checks)."""
+        d = self.prior_precision if prior_precision is None else prior_precision
+        check_positive("prior_precision", d)
+        K = self.kfac.to_dense() * self._scale
+        return K + d * torch.eye(K.shape[0], dtype=K.dtype, device=K.device)
+
+    def posterior_covariance(self, prior_precision: float | None = None) -> torch.Tensor:
+        """The posterior covariance ``P^-1`` as a dense ``[P, P]`` matrix (from the eigenbasis)."""
+        eye = torch.eye(self.num_params, dtype=self.objective.dtype, device=self.objective.device)
+        return self._apply(self._blocks(-1.0, prior_precision), eye)
+
+    def log_det_posterior_precision(self, prior_precision: float | None = None) -> float:
+        """``log det P = sum_blocks sum_ij log(s l_G,i l_A,j + delta)`` (exact for the prior)."""
+        d = self.prior_precision if prior_precision is None else prior_precision
+        check_positive("prior_precision", d)
+        return float(torch.log(self._curvature_eigs().clamp_min(0.0) + d).sum())
+
+    def sample(
+        self, samples: int = 100, generator: torch.Generator | None = None, seed: int | None = None
+    ) -> torch.Tensor:
+        """``[samples, P]`` weight vectors ``theta* + P^-1/2 z``, ``z ~ N(0, I)`` drawn as
+        ``torch.randn(samples, P)`` with ``generator`` (else ``seed``, else the posterior's own
+        generator): laplace-torch's ``KronLaplace.sample`` draws the same vectors from the same
+        generator state."""
+        check_positive("samples", samples, integer=True)
+        obj = self.objective
+        gen = self.generator
+        if generator is not None or seed is not None:
+            gen = resolve_generator(seed, generator, obj.device)[0]
+        z = torch.randn(samples, self.num_params, generator=gen, dtype=obj.dtype, device=obj.device)
+        return obj.flat_params().unsqueeze(0) + self._apply(self._blocks(-0.5), z.T).T
+
+    # ---------------------------------------------------------------- predictive
+    def _function_space(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        f, J = self._jacobian(x)
+        B, C, P = J.shape
+        SJ = self._apply(self._blocks(-1.0), J.reshape(B * C, P).T).T.reshape(B, C, P)
+        return f, torch.einsum("bcp,bdp->bcd", J, SJ)
+
+    def predictive(
+        self,
+        inputs: Any,
+        link: str = "probit",
+        samples: int = 100,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+        pred_type: str = "glm",
+    ) -> torch.Tensor:
+        """Predictive class probabilities.  ``pred_type="glm"``: the linearised predictive with the
+        ``link`` of :meth:`DiagLaplace.predictive` (``"probit"`` or ``"mc"`` in function space);
+        ``pred_type="mc"``: ``1/S sum_s softmax(f(x; theta_s))`` (sigmoid for one logit) over ``S =
+        samples`` weight vectors of :meth:`sample` (laplace-torch's ``pred_type="nn"``)."""
+        check_choice("pred_type", pred_type, ("glm", "mc"))
+        if self.likelihood == "gaussian":
+            raise ValueError(
+                "predictive() gives class probabilities; for regression use "
+                "predictive_mean_and_covariance(x) (add sigma_noise**2 for the predictive of y)"
+            )
+        if pred_type == "glm":
+            return super().predictive(inputs, link=link, samples=samples, generator=generator, seed=seed)
+        check_positive("samples", samples, integer=True)
+        obj = self.objective
+        gen = resolve_generator(seed, generator, obj.device)[0]
+        thetas = self.sample(samples, generator=gen)
+        single = self.likelihood == "bernoulli"
+        total = None
+        with obj.guard(), torch.no_grad():
+            x = _map_inputs(inputs, obj.convert)
+            bufs = obj.buffers()
+            for theta in thetas:
+                f = _logits(obj.call(obj.point(theta), bufs, x), self.likelihood)
+                p = torch.sigmoid(f) if single else torch.softmax(f, dim=1)
+                total = p if total is None else total + p
+        probs = total / samples
+        return probs.reshape(-1) if single and self._output_ndim == 1 else probs
