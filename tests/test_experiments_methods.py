@@ -89,8 +89,14 @@ def test_vogn_steps_equal_vogn_stepped_by_hand_and_its_bma_uses_the_posterior(tm
     t.fit()
     x, y = load_digits("train", dtype=torch.float64)
     model = model_factory("mlp", sizes=SIZES, activation="tanh", seed=0).double()
-    opt = VOGN(
-        model.parameters(), lr=0.01, num_data=len(y), mc_samples=2, prior_precision=10.0, seed=OPT_SEED_OFFSET
+    opt = VOGN(  # model=: the per-example moments of one backward pass, as the runner's VOGN
+        model.parameters(),
+        lr=0.01,
+        num_data=len(y),
+        mc_samples=2,
+        prior_precision=10.0,
+        seed=OPT_SEED_OFFSET,
+        model=model,
     )
     for idx in batches(len(y), 128, 1):
         opt.step(lambda idx=idx: F.cross_entropy(model(x[idx]), y[idx], reduction="none"))
@@ -354,7 +360,7 @@ def test_fingerprints_of_configs_without_the_new_keys_are_unchanged():
         del earlier["data"][key]
     del earlier["evaluation"]["save_predictions"]
     del earlier["slurm"]  # how a run is submitted: never part of its identity
-    for key in ("bayesian", "mc_dropout", "ensemble"):
+    for key in ("bayesian", "mc_dropout", "ensemble", "laplace"):
         del earlier["methods"][0][key]
     keep = {
         k: v
