@@ -38,6 +38,7 @@ INSTALL_HINTS = {
     "curvlinops": ("curvlinops-for-pytorch", _PEERS_SCRIPT),
     "safetensors": ("safetensors", _PEERS_SCRIPT),
     "backpack": ("backpack-for-pytorch", _PEERS_SCRIPT),
+    "laplace": ("laplace-torch", _PEERS_SCRIPT),
     "hessian_eigenthings": ("hessian-eigenthings", _PEERS_SCRIPT),
     "pyhessian": ("PyHessian", _PEERS_SCRIPT),
     "loss_landscapes": ("loss-landscapes", _PEERS_SCRIPT),
