@@ -256,6 +256,9 @@ def test_table_names_the_planned_runs_it_lacks(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "note: the table lacks 1 planned run (1 not started): sam/seed0;" in text
     assert "| sgd | 1 |" in text and "| bsam | 1 |" in text
+    assert runner_main(["status", str(out / CONFIG)]) == 0
+    text = capsys.readouterr().out
+    assert "not started  sam/seed0" in text and "3 runs: 2 done, 1 not started" in text
 
 
 # -------------------------------------------------------------------------------------------- config

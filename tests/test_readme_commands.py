@@ -52,6 +52,28 @@ EXERCISED: dict[str, list[tuple[str, str | None, str]]] = {
         ("tests/test_experiments.py", "test_finished_runs_are_skipped_and_other_configs_refused", '["run"'),
         (_CLI, "test_list_configs_and_bare_names", '["run", "miniatures/label_noise"'),
     ],
+    "sharpscape run CONFIG --estimate": [
+        (
+            "tests/test_estimate.py",
+            "test_estimate_prints_one_row_per_variant_and_method_and_writes_nothing",
+            '"--estimate"',
+        ),
+    ],
+    "sharpscape run CONFIG --slurm slurm.time=240 slurm.partition=gpu && sharpscape status runs/NAME": [
+        (
+            "tests/test_cluster_slurm.py",
+            "test_six_run_config_completes_with_the_results_of_a_local_run",
+            '"--slurm", "slurm.time=10"',
+        ),
+        (
+            "tests/test_cluster_slurm.py",
+            "test_a_killed_task_is_reported_failed_with_its_log_and_resubmitted",
+            '["status"',
+        ),
+    ],
+    "sharpscape status RUN_DIR": [
+        ("tests/test_cluster.py", "test_table_names_the_planned_runs_it_lacks", '["status"'),
+    ],
     "sharpscape run --list-configs": [(_CLI, "test_list_configs_and_bare_names", '"--list-configs"')],
     "sharpscape run digits_sam_vs_sgd": [(_CLI, "test_list_configs_and_bare_names", '"digits_sam_vs_sgd"')],
     "sharpscape table RUN_DIR ... [--plot F]": [
