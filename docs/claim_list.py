@@ -10,6 +10,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+import claim_list_benchmarks
+import claim_list_guide
+import claim_list_miniatures
+import claim_list_optimizers
 from claim import Claim
 from claim_list_products import CLAIMS as PRODUCT_CLAIMS
 
@@ -526,4 +530,46 @@ CLAIMS = [
     ),
     *(_kfac_error_claim(k, v) for k, v in KFAC_NETWORKS.items()),
     *PRODUCT_CLAIMS,
+    *claim_list_benchmarks.CLAIMS,
+    *claim_list_guide.CLAIMS,
+    *claim_list_optimizers.CLAIMS,
+    *claim_list_miniatures.CLAIMS,
 ]
+
+# ---------------------------------------------------------------------------------- the pages
+#: the pages whose numbers are checked: the README, the configs' README and every page of docs/
+PAGES = ("README.md", "configs/README.md", "docs/**/*.md")
+
+#: page -> the phrases on it whose numbers are no result of ours (a setting, a target, a version, a
+#: paper's own number); every other number of a page listed here is quoted by a claim
+NOT_RESULTS: dict[str, tuple[str, ...]] = {
+    "README.md": ("Any torch >= 2.1 works", "Python 3.11+"),
+    "configs/README.md": ("`budget = 0.05` (5 % of the epochs", "more than 1 % of the test inputs"),
+    "docs/OBJECTIVE_API.md": ("in torch 2.13,",),
+    "docs/design.md": ("closed forms to 1e-12",),
+    **claim_list_benchmarks.NOT_RESULTS,
+    **claim_list_guide.NOT_RESULTS,
+    **claim_list_optimizers.NOT_RESULTS,
+    **claim_list_miniatures.NOT_RESULTS,
+}
+
+#: page -> the script that writes it and the test that compares the page with the script's output
+GENERATED: dict[str, str] = {
+    "docs/papers.md": "python docs/make_papers.py; tests/test_papers_page.py",
+}
+
+#: pages with numbers not yet registered (issue 37): each is a to-do, named in docs/claims.md
+NOT_YET = (
+    "docs/benchmarks.md",
+    "docs/claims.md",
+    "docs/figures/README.md",
+    "docs/figures/miniature_tables.md",
+    "docs/figures/study_digits.md",
+    "docs/guide.md",
+    "docs/methods/curvature.md",
+    "docs/methods/optimizers.md",
+    "docs/methods/sharpness.md",
+    "docs/methods/toy_problems.md",
+    "docs/miniatures.md",
+    "docs/reproductions.md",
+)

@@ -12,6 +12,13 @@ for re-runs and whether a re-run is cheap (default test suite) or expensive (``-
     python docs/claims.py rerun [--expensive] [--only ID]   # re-run into a temp dir, compare
     python docs/claims.py rewrite [--only ID]  # write the JSON's numbers into stale quotes
 
+Every number of every page (``PAGES`` in ``docs/claim_list.py``: the README, the configs' README,
+``docs/``) is accounted for: a page in ``NOT_RESULTS`` quotes no number outside a claim's quote but
+in the phrases listed for it (a setting, a target, a version, a paper's own number; numbers in code,
+link targets and section / equation / table / figure references never count), a page in
+``GENERATED`` is compared with its script's output by a test, and ``NOT_YET`` lists the pages still
+to do.
+
 ``tests/test_claims.py`` checks that every quote, filled from the current JSON, appears in its files
 (a number edited by hand fails), that the registry matches the sources and the hashes of the inputs
 (code changed without regenerating fails), and re-runs the cheap claims (the expensive ones under
@@ -193,6 +200,77 @@ def registry_problems(claims: list[Claim]) -> list[str]:
     return problems
 
 
+#: a number as the pages write it: a decimal, a power of ten, or any number followed by × or %
+PAGE_NUMBER = re.compile(
+    r"(?<![\w.\-/^{])(?:\d[\d,]*\.\d+(?:e[−+-]?\d+)?|\d+e[−+-]?\d+)(?![\w.])(?:\s?[×%])?"
+    r"|(?<![\w.\-/^{])\d[\d,]*\s?[×%]"
+)
+#: numbers that are never results: code, link targets, and the numbers of sections, equations,
+#: tables, figures, appendices, algorithms and versions
+NOT_A_RESULT = re.compile(
+    r"```.*?```|`[^`\n]*`|\]\([^)\s]*\)|<[^>\n]*>"
+    r"|(?:Sec(?:tion|s)?\.?|[Ee]qs?\.|Eq(?:uation)?s?|Tables?|Tab\.|Figs?\.|Figures?|App(?:endix)?\.?|Alg(?:orithm)?\.?"
+    r"|Thm\.|Theorem|Lemma|Prop(?:osition)?\.?|Corollary|Remark|Def(?:inition)?\.?|versions?|v)\s?\(?[A-Z]?\d+(?:\.\d+)+"
+    r"|\b\d+\.\d+\.\d+\b",
+    re.S,
+)
+
+
+def phrase_spans(text: str, phrase: str) -> list[tuple[int, int]]:
+    """Where ``phrase`` occurs in ``text``, whitespace matched loosely (line breaks included)."""
+    pattern = r"\s+".join(re.escape(w) for w in phrase.split())
+    return [(m.start(), m.end()) for m in re.finditer(pattern, text)]
+
+
+def unclaimed_numbers(page: str, claims: list[Claim], phrases: tuple[str, ...]) -> list[str]:
+    """The numbers of ``page`` that no claim quotes and no exempt phrase holds, as ``line: number:
+    context``; and an exempt phrase the page no longer contains (a stale exemption)."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    covered = [(m.start(), m.end()) for m in NOT_A_RESULT.finditer(text)]
+    for claim in claims:
+        if page in claim.files:
+            covered += phrase_spans(text, fill(claim, read_values(claim)))
+    problems = []
+    for phrase in phrases:
+        spans = phrase_spans(text, phrase)
+        if not spans:
+            problems.append(f"{page}: the exempt phrase {phrase!r} is not on the page (remove it)")
+        covered += spans
+    for m in PAGE_NUMBER.finditer(text):
+        if not any(a <= m.start() < b for a, b in covered):
+            line = text.count("\n", 0, m.start()) + 1
+            context = normalise(text[max(0, m.start() - 50) : m.end() + 20])
+            problems.append(f"{page}:{line}: {m.group()!r} is neither a claim nor exempt ... {context} ...")
+    return problems
+
+
+def pages(patterns: tuple[str, ...]) -> list[str]:
+    return sorted({str(p.relative_to(ROOT)) for pattern in patterns for p in ROOT.glob(pattern)})
+
+
+def page_problems(claims: list[Claim], lists: Any) -> list[str]:
+    """Every page of ``lists.PAGES`` is checked (``lists.NOT_RESULTS``: each of its numbers a claim's
+    or in an exempt phrase), generated (``lists.GENERATED``: compared with its script by a test) or
+    a listed to-do (``lists.NOT_YET``); a page with numbers in none of them is a problem."""
+    problems = []
+    for page in pages(lists.PAGES):
+        if page in lists.NOT_RESULTS:
+            problems += unclaimed_numbers(page, claims, lists.NOT_RESULTS[page])
+        elif page not in lists.GENERATED and page not in lists.NOT_YET:
+            numbers = unclaimed_numbers(page, claims, ())
+            if numbers:
+                problems.append(
+                    f"{page}: quotes {len(numbers)} numbers but is in none of NOT_RESULTS, GENERATED, "
+                    f"NOT_YET (docs/claim_list.py); the first: {numbers[0]}"
+                )
+    listed = [*lists.NOT_RESULTS, *lists.GENERATED, *lists.NOT_YET]
+    known = pages(lists.PAGES)
+    problems += [f"{p}: listed in docs/claim_list.py but not a page" for p in listed if p not in known]
+    twice = {p for p in listed if listed.count(p) > 1}
+    problems += [f"{p}: listed twice in docs/claim_list.py (checked, generated or to-do: one)" for p in twice]
+    return problems
+
+
 def rerun(claim: Claim, out_dir: Path) -> dict[str, float]:
     """Run the claim's command writing into ``out_dir``; the values it produced."""
     assert claim.rerun is not None
@@ -216,11 +294,15 @@ def rerun_problems(claim: Claim, values: dict[str, float], fresh: dict[str, floa
 
 
 # ---------------------------------------------------------------------------------- command line
-def _claims() -> list[Claim]:
+def _lists() -> Any:
     sys.path.insert(0, str(ROOT / "docs"))
-    from claim_list import CLAIMS
+    import claim_list
 
-    return CLAIMS
+    return claim_list
+
+
+def _claims() -> list[Claim]:
+    return _lists().CLAIMS
 
 
 def update(claims: list[Claim], do_rerun: bool) -> Path:
@@ -267,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{c.id}: quote not found in {f}" for c in claims for f in quote_problems(c, read_values(c))
         ]
         problems += registry_problems(claims)
-        print("\n".join(problems) or f"{len(claims)} claims: all quotes match their sources")
+        problems += page_problems(claims, _lists())
+        done = f"{len(claims)} claims: quotes match their sources; checked pages quote only claims"
+        print("\n".join(problems) or done)
         return 1 if problems else 0
     problems = []
     for claim in claims:

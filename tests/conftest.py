@@ -17,8 +17,13 @@ import torch
 # Tests never read the user's data directory: loaders get explicit paths (tmp_path files).
 os.environ.pop("SHARPSCAPE_DATA", None)
 
-# Two cores on CI: keep torch from oversubscribing them when pytest-xdist is not used.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Two cores on CI: keep torch from oversubscribing them. Under pytest-xdist the cores are shared out
+# between the workers, and the processes the tests start (OMP_NUM_THREADS) get the same share.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_THREADS = max(1, min(2, os.cpu_count() or 1) // _WORKERS)
+torch.set_num_threads(_THREADS)
+if _WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS)
 
 
 @pytest.fixture

@@ -24,6 +24,37 @@ def test_every_quote_equals_its_source():
     assert not missing, f"quotes that differ from their JSON (regenerate, do not hand-edit): {missing}"
 
 
+def test_every_number_of_a_checked_page_is_a_claim_or_exempt():
+    import claim_list
+
+    assert not reg.page_problems(CLAIMS, claim_list)
+
+
+def test_an_unregistered_number_on_a_checked_page_fails(tmp_path, monkeypatch):
+    """A number typed into a checked page (here the README) is named with its line and context; an
+    exempt phrase the page no longer holds is named too."""
+    import claim_list
+
+    (tmp_path / "README.md").write_text((ROOT / "README.md").read_text() + "\nSAM is 1.37× slower.\n")
+    monkeypatch.setattr(reg, "ROOT", tmp_path)
+    problems = reg.unclaimed_numbers("README.md", CLAIMS, claim_list.NOT_RESULTS["README.md"])
+    assert len(problems) == 1 and "'1.37×'" in problems[0] and "SAM is 1.37× slower" in problems[0]
+    stale = reg.unclaimed_numbers("README.md", CLAIMS, ("Python 3.12+",))
+    assert any("'Python 3.12+' is not on the page" in p for p in stale)
+    assert any("'3.11'" in p for p in stale)  # its own exemption dropped: the number is named
+
+
+def test_numbers_that_are_never_results():
+    """Code, link targets, section / equation / table references and versions are not results."""
+    text = "Sec. 5.1, eq. 12.3, Table 2.1, App. C.2, curvlinops 3.0.1, `lr = 0.05`, [x](a/1.5.md)"
+    assert not [m.group() for m in reg.PAGE_NUMBER.finditer(text) if not any(
+        a <= m.start() < b for a, b in ((n.start(), n.end()) for n in reg.NOT_A_RESULT.finditer(text))
+    )]  # fmt: skip
+    assert [m.group() for m in reg.PAGE_NUMBER.finditer("0.34× and 12 % and 2.1e-13, 1,797.5")] == [
+        "0.34×", "12 %", "2.1e-13", "1,797.5"
+    ]  # fmt: skip
+
+
 def test_registry_is_current():
     assert not reg.registry_problems(CLAIMS)
     payload = json.loads(reg.REGISTRY.read_text())

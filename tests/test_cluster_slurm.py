@@ -27,8 +27,9 @@ from experiments.study.config import load_study_config
 from tests import slurm_cluster
 
 #: about six minutes in all: slow (.ci/run runs the slow tests, with Slurm installed and required);
-#: the waits below are generous (a loaded machine), and pytest's own limit exceeds them
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+#: the waits below are generous (a loaded machine), and pytest's own limit exceeds them; under
+#: pytest-xdist (--dist loadgroup) the module stays on one worker, so that one cluster serves it
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("slurm_cluster")]
 
 CONFIG = "digits_sam_vs_sgd"
 #: the long run a task is signalled in: about 20 epochs a second here, so signals land mid-run

@@ -369,7 +369,12 @@ SWAPS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("main", "argv", "kind", "fix"), SWAPS, ids=lambda v: str(v)[-30:])
+def _swap_id(value) -> str:
+    """The same id in every process (a function's repr holds its address, which pytest-xdist refuses)."""
+    return value.__module__ if callable(value) else str(value)[-30:]
+
+
+@pytest.mark.parametrize(("main", "argv", "kind", "fix"), SWAPS, ids=_swap_id)
 def test_a_config_given_to_the_other_command_names_the_right_one(tmp_path, capsys, main, argv, kind, fix):
     out = tmp_path / "out"
     code, line = fails(main, [a.format(out=out) for a in argv], capsys)

@@ -1,0 +1,17 @@
+"""Claims of the benchmarks of ``docs/benchmarks.md`` other than the curvature-product benchmark
+(``docs/claim_list_products.py``): the PyHessian comparison, the H100 tables, loss surfaces, optimizer
+steps, per-example quantities, Kronecker factors.
+
+And on those pages the phrases whose numbers are no result of ours (``NOT_RESULTS``).
+See ``docs/claims.py`` for what a claim is and how the pages' numbers are checked.
+"""
+
+from __future__ import annotations
+
+from claim import Claim
+
+CLAIMS: list[Claim] = []
+
+#: page -> the phrases on it whose numbers are no result of ours (a setting, a target, a paper's own
+#: number); a page listed here has every other number quoted by a claim (tests/test_claims.py)
+NOT_RESULTS: dict[str, tuple[str, ...]] = {}
