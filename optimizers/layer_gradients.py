@@ -19,7 +19,12 @@ Goodfellow 2015, "Efficient per-example gradient computations", for the linear l
 * ``nn.LayerNorm`` / ``nn.GroupNorm`` / eval-mode ``_BatchNorm`` (statistics of the example, or fixed
   running statistics: the examples do not interact): ``dW_k = sum d * a_hat``, ``db_k = sum d`` with
   the normalised input ``a_hat`` recomputed from ``a``;
-* ``nn.Embedding``: ``dW_k`` is ``d`` scattered into the rows the group looked up.
+* ``nn.Embedding``: ``dW_k`` is ``d`` scattered into the rows the group looked up;
+* :class:`~landscape.models.norms.FilterResponseNorm2d` (the bSAM paper's ResNet-20-FRN; Singh &
+  Krishnan 2020): ``z = max(gamma x_hat + beta, tau)`` with ``x_hat`` the example's own
+  normalisation, so ``dgamma_k = sum d_y x_hat``, ``dbeta_k = sum d_y``, ``dtau_k = sum (d - d_y)``
+  with ``d_y = d`` where ``gamma x_hat + beta > tau``, ``d / 2`` at a tie (as autograd splits
+  ``torch.maximum``), else 0.
 
 For ``m = B`` :func:`squared_sums` gives ``sum_i g_i^2`` and ``||g_i||^2`` without forming the
 ``B`` gradients where a closed form exists: for a linear layer on ``[B, in]`` rows
@@ -38,10 +43,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.grad import conv1d_weight, conv2d_weight
 
+from landscape.models.norms import FilterResponseNorm2d
+
 __all__ = ["LAYERS", "conv_padding", "group_gradients", "squared_sums", "to_groups", "why_not"]
 
 #: the layer classes with a rule (exact classes: a subclass may override ``forward``)
-LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.LayerNorm, nn.GroupNorm, nn.Embedding)
+LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.LayerNorm, nn.GroupNorm, nn.Embedding, FilterResponseNorm2d)
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 _CONV_WEIGHT = {1: conv1d_weight, 2: conv2d_weight}
 
@@ -109,6 +116,19 @@ def _normalised(mod: nn.Module, a: torch.Tensor) -> torch.Tensor:
     return (a - mean.reshape(shape)) * torch.rsqrt(var.reshape(shape) + mod.eps)
 
 
+def _filter_response(mod: FilterResponseNorm2d, a: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(x_hat, d_y, d_tau)``: the normalised input and the output gradient split between the
+    affine branch and the threshold ``tau`` of ``max(gamma x_hat + beta, tau)``."""
+    x_hat = a * torch.rsqrt(a.square().mean(dim=(2, 3), keepdim=True) + mod.eps)
+    if mod.tau is None:
+        return x_hat, d, torch.zeros_like(d)
+    y = mod.weight.view(1, -1, 1, 1) * x_hat + mod.bias.view(1, -1, 1, 1)
+    tau = mod.tau.view(1, -1, 1, 1)
+    share = (y > tau).to(d.dtype) + 0.5 * (y == tau).to(d.dtype)
+    d_y = d * share
+    return x_hat, d_y, d - d_y
+
+
 def _channel_sums(t: torch.Tensor, m: int) -> torch.Tensor:
     """``[N, C, ...]`` -> ``[m, C]``: sums over the group's examples and the positions."""
     return t.reshape(m, t.shape[0] // m, t.shape[1], -1).sum((1, 3))
@@ -157,6 +177,14 @@ def group_gradients(
             out["weight"] = _channel_sums(d * _normalised(mod, a), m)
         if "bias" in want:
             out["bias"] = _channel_sums(d, m)
+    elif kind is FilterResponseNorm2d:
+        x_hat, d_y, d_tau = _filter_response(mod, a, d)
+        if "weight" in want:
+            out["weight"] = _channel_sums(d_y * x_hat, m)
+        if "bias" in want:
+            out["bias"] = _channel_sums(d_y, m)
+        if "tau" in want:
+            out["tau"] = _channel_sums(d_tau, m)
     elif kind is nn.Embedding:
         if "weight" in want:
             num, dim = mod.weight.shape

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from landscape.models.norms import FilterResponseNorm2d
 from optimizers.per_example import (
     PerExampleGradients,
     empirical_fisher_diagonal,
@@ -71,6 +72,23 @@ def _cnn2d():
     )
 
 
+def _frn():  # the bSAM paper's normalisation (threshold tau; a tie split as autograd splits it)
+    frn = FilterResponseNorm2d(4)
+    with torch.no_grad():
+        frn.weight.uniform_(0.5, 1.5), frn.bias.uniform_(-0.3, 0.3), frn.tau.uniform_(-0.2, 0.2)
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1), frn, nn.Conv2d(4, 3, 3, stride=2), FilterResponseNorm2d(3, tlu=False),
+        nn.Flatten(), nn.Linear(3 * 3 * 3, 3),
+    )  # fmt: skip
+
+
+def _frn_tie():  # gamma 0 and beta = tau: every output a tie, each branch gets half the gradient
+    frn = FilterResponseNorm2d(4)
+    with torch.no_grad():
+        frn.weight.zero_(), frn.bias.fill_(0.25), frn.tau.fill_(0.25)
+    return nn.Sequential(nn.Conv2d(2, 4, 3), frn, nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+
+
 def _cnn1d():
     return nn.Sequential(
         nn.Conv1d(3, 4, 3, padding=1, padding_mode="circular"),
@@ -86,6 +104,8 @@ CASES = {
     "seq": (_seq, (B, 4, 5)),
     "cnn2d": (_cnn2d, (B, 2, 8, 8)),
     "cnn1d": (_cnn1d, (B, 3, 10)),
+    "frn": (_frn, (B, 2, 8, 8)),
+    "frn_tie": (_frn_tie, (B, 2, 8, 8)),
     "tied": (Tied, (B, 5)),
     "embedding": (EmbedBag, None),
 }
