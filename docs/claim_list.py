@@ -565,11 +565,7 @@ NOT_YET = (
     "docs/figures/README.md",
     "docs/figures/miniature_tables.md",
     "docs/figures/study_digits.md",
-    "docs/guide.md",
-    "docs/methods/curvature.md",
     "docs/methods/optimizers.md",
-    "docs/methods/sharpness.md",
-    "docs/methods/toy_problems.md",
     "docs/miniatures.md",
     "docs/reproductions.md",
 )
