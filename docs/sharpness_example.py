@@ -30,6 +30,9 @@ from landscape.io import atomic_write_json, atomic_write_text
 from landscape.sharpness import SharpnessReport
 from optimizers import SAM
 
+#: the training settings, shared by :func:`train` and the JSON of :func:`summary`
+SETTINGS = {"batch_size": 64, "lr": 0.05, "momentum": 0.9, "sam_rho": 0.05}
+
 MEASURES = [
     ("lambda_max", {}),
     ("hessian_trace", {}),
@@ -48,17 +51,18 @@ def make_model(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
 
 
-def train(model: nn.Module, x, y, *, sam: bool, epochs: int, lr: float = 0.05, seed: int = 0) -> nn.Module:
+def train(model: nn.Module, x, y, *, sam: bool, epochs: int, seed: int = 0) -> nn.Module:
     loss_fn = nn.CrossEntropyLoss()
+    lr, momentum, batch = SETTINGS["lr"], SETTINGS["momentum"], SETTINGS["batch_size"]
     if sam:
-        opt = SAM(model.parameters(), torch.optim.SGD, rho=0.05, lr=lr, momentum=0.9)
+        opt = SAM(model.parameters(), torch.optim.SGD, rho=SETTINGS["sam_rho"], lr=lr, momentum=momentum)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     gen = torch.Generator().manual_seed(seed)
     for _ in tqdm(range(epochs), desc="train SAM" if sam else "train SGD", unit="epoch"):
         perm = torch.randperm(len(y), generator=gen)
-        for i in range(0, len(y), 64):
-            xb, yb = x[perm[i : i + 64]], y[perm[i : i + 64]]
+        for i in range(0, len(y), batch):
+            xb, yb = x[perm[i : i + batch]], y[perm[i : i + batch]]
 
             def closure(xb=xb, yb=yb):
                 opt.zero_grad()
@@ -130,10 +134,7 @@ def summary(reports: dict[str, SharpnessReport], epochs: int) -> dict:
             "model": "MLP 64-32-10 (ReLU)",
             "data": "digits, measures on the training split",
             "epochs": epochs,
-            "batch_size": 64,
-            "lr": 0.05,
-            "momentum": 0.9,
-            "sam_rho": 0.05,
+            **SETTINGS,
             "dtype": "float64",
         },
         "methods": {
