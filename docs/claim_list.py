@@ -567,7 +567,6 @@ NOT_YET = (
     "docs/figures/study_digits.md",
     "docs/guide.md",
     "docs/methods/curvature.md",
-    "docs/methods/optimizers.md",
     "docs/methods/sharpness.md",
     "docs/methods/toy_problems.md",
     "docs/miniatures.md",
