@@ -565,7 +565,6 @@ NOT_YET = (
     "docs/figures/README.md",
     "docs/figures/miniature_tables.md",
     "docs/figures/study_digits.md",
-    "docs/methods/optimizers.md",
     "docs/miniatures.md",
     "docs/reproductions.md",
 )
