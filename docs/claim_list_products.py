@@ -8,6 +8,10 @@ JSON, not re-measured (the benchmark takes hours on 2 CPU cores).
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from claim import Claim
@@ -239,3 +243,111 @@ CLAIMS.append(
         "power iteration {p_r1:.0f} %/{p_r5:.0f} % and {p_m1:.1f} %/{p_m5:.0f} %",
     )
 )
+
+
+# ---------------------------------------------------------------- the paragraphs around the tables
+def scientific(prefix: str, get, digits: int = 1) -> dict[str, Any]:
+    """The values ``<prefix>_m`` (the mantissa, rounded to ``digits`` decimals) and ``<prefix>_e``
+    (the decimal exponent) of ``get(data)``, for a quote that writes it ``1.4e-3`` or ``2e-6``
+    (``{p_m:.1f}e{p_e:.0f}``, with ``minus="-"``) rather than Python's ``1.4e-03``."""
+
+    def split(d: dict[str, Any]) -> tuple[float, int]:
+        x = get(d)
+        e = math.floor(math.log10(abs(x)))
+        m = round(x / 10**e, digits)
+        if abs(m) >= 10:
+            m, e = round(m / 10, digits), e + 1
+        return m, e
+
+    return {f"{prefix}_m": lambda d: split(d)[0], f"{prefix}_e": lambda d: split(d)[1]}
+
+
+def sci_field(prefix: str, digits: int = 1) -> str:
+    """The quote's field pair of :func:`scientific`."""
+    return f"{{{prefix}_m:.{digits}f}}e{{{prefix}_e:.0f}}"
+
+
+def _all_models(d: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(model, its JSON) for the four models: ``d`` is ``products_cpu.json`` (ResNet-20, MLP), the
+    transformer and WRN-16-4 are read from ``products_cpu_transformer_wrn.json`` beside it."""
+    other = json.loads((Path(__file__).resolve().parents[1] / TRANSFORMER_WRN).read_text())
+    return [(m, d) for m in d["summary"]["models"]] + [(m, other) for m in other["summary"]["models"]]
+
+
+def _compiled_error(key: str, models: tuple[str, ...] | None = None):
+    """The largest relative difference ``key`` (``rel_err_eager``: float32, ``rel_err_eager_float64``)
+    between a compiled product and its eager one, over ``models`` (all four when ``None``)."""
+    return lambda d: max(
+        c[key]
+        for m, src in _all_models(d)
+        if models is None or m in models
+        for c in src["summary"]["models"][m]["compiled"]
+    )
+
+
+def _compile_seconds(pick):
+    """``pick`` (min / max) of the build time of the compiled products over the four models."""
+    return lambda d: pick(
+        r["build_s"]
+        for _, src in _all_models(d)
+        for r in src["rows"]
+        if r["method"].startswith("landscape compiled")
+    )
+
+
+CLAIMS += [
+    _claim(
+        "products_cpu.resnet20_graph_chunks_memory",
+        RESNET_MLP,
+        {"pyh": _pyhessian_memory("resnet20"), "h": _summary("resnet20", DEFAULT["h"], "mem_x_best_peer")},
+        "lowers the peak from PyHessian's {pyh:.2f}× to {h:.2f}×",
+    ),
+    _claim(
+        "products_cpu.mlp_hessian_product",
+        RESNET_MLP,
+        {
+            "ms": _row("mlp", DEFAULT["h"], "ms"),
+            "n": lambda d: _problem("mlp", "params")(d) / 1e6,
+        },
+        "a {ms:.0f} ms product that also checks its input and output for NaN ({n:.1f}M entries each)",
+    ),
+    _claim(
+        "products_cpu.transformer_hessian_memory",
+        TRANSFORMER_WRN,
+        {
+            "h": _summary("transformer", DEFAULT["h"], "mem_x_best_peer"),
+            "pyh": _pyhessian_memory("transformer"),
+        },
+        "keep its memory at {h:.2f}× hessian-eigenthings' against PyHessian's {pyh:.2f}×",
+    ),
+    _claim(
+        "products_cpu.per_example_fisher_mlp_memory",
+        RESNET_MLP,
+        {
+            "pm": _summary("resnet20", "landscape empirical_fisher per_example", "mem_x_best_peer"),
+            "m": _summary("mlp", "landscape empirical_fisher per_example", "mem_x_best_peer"),
+        },
+        "{pm:.2f}× the memory there, {m:.0f}× on the MLP)",
+    ),
+    replace(
+        _claim(
+            "products_cpu.compiled_equal_eager",
+            RESNET_MLP,
+            {
+                **scientific("f64", _compiled_error("rel_err_eager_float64"), 0),
+                **scientific("f32", _compiled_error("rel_err_eager", ("resnet20", "mlp", "transformer")), 0),
+                **scientific("wrn", _compiled_error("rel_err_eager", ("wrn",)), 0),
+            },
+            f"equal eager ones in float64 to {sci_field('f64', 0)} (float32: within {sci_field('f32', 0)} on "
+            "ResNet-20, the MLP and the transformer, the spread between two eager engines; "
+            f"{sci_field('wrn', 0)} on WRN-16-4)",
+        ),
+        minus="-",
+    ),
+    _claim(
+        "products_cpu.compile_time",
+        RESNET_MLP,
+        {"lo": _compile_seconds(min), "hi": _compile_seconds(max)},
+        "compile time ({lo:.1f}-{hi:.0f} s) is reported separately",
+    ),
+]
