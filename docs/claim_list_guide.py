@@ -268,6 +268,7 @@ NOT_RESULTS: dict[str, tuple[str, ...]] = {
         "(1.7 M parameters",
     ),
     "docs/methods/curvature.md": (
+        "at least 3x the parameters' bytes",
         "3,000 draws within\n8 % of the dense GGN",  # the test's tolerance
         "`level` (default 0.95)",
         "| `level` | 0.95 |",
@@ -276,6 +277,7 @@ NOT_RESULTS: dict[str, tuple[str, ...]] = {
         "1 % of the range of all nodes",
     ),
     "docs/methods/sharpness.md": (
+        "(the paper also uses $5 \\cdot 10^{-4}$)",
         "(half-width of the 95 % interval",
         "| `rho` | 0.05 |",
         '`None`, `False`, 0.0, `"empirical"`',

@@ -186,6 +186,15 @@ CLAIMS: list[Claim] = [
 #: number); a page listed here has every other number quoted by a claim (tests/test_claims.py)
 NOT_RESULTS: dict[str, tuple[str, ...]] = {
     PAGE: (
+        # settings written as powers of ten, the test's bound and float32's resolution
+        "($\\sigma = 5\\cdot 10^{-5}$, App. D)",
+        "the test's $5\\cdot 10^{-3}$ per epoch",
+        "weight decay $5\\cdot 10^{-4} + 1/N$",
+        "(relative $6\\cdot 10^{-8}$)",
+        "BERT fine-tuning at $2\\cdot 10^{-5}$",
+        "weight decay $5\\cdot 10^{-4}$)",
+        "(learning rate $3\\cdot 10^{-3}$)",
+        "\\sigma(t) = 5\\cdot 10^{-4}",
         # option tables: defaults and the papers' / authors' settings
         "| `rho` | 0.05 |",
         "| `rho` | 0.5 | CIFAR-10 setting (the paper uses 1.0 for CIFAR-100)",

@@ -200,10 +200,12 @@ def registry_problems(claims: list[Claim]) -> list[str]:
     return problems
 
 
-#: a number as the pages write it: a decimal, a power of ten, or any number followed by × or %
+#: a number as the pages write it: a decimal (a sentence's full stop may follow), a power of ten
+#: (``2e-13``, ``3\cdot 10^{-4}``), or any number followed by ×, x or %
 PAGE_NUMBER = re.compile(
-    r"(?<![\w.\-/^{])(?:\d[\d,]*\.\d+(?:e[−+-]?\d+)?|\d+e[−+-]?\d+)(?![\w.])(?:\s?[×%])?"
-    r"|(?<![\w.\-/^{])\d[\d,]*\s?[×%]"
+    r"(?<![\w.\-/^{])(?:\d[\d,]*\.\d+(?:e[−+-]?\d+)?|\d+e[−+-]?\d+)(?:\s?\\cdot\s?10\^\{?[−+-]?\d+\}?)?"
+    r"(?!\w|\.\d)(?:\s?[×%]|x\b)?"
+    r"|(?<![\w.\-/^{])\d[\d,]*(?:\s?\\cdot\s?10\^\{?[−+-]?\d+\}?|\s?[×%]|x\b)"
 )
 #: numbers that are never results: code, link targets, and the numbers of sections, equations,
 #: tables, figures, appendices, algorithms and versions

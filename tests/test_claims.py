@@ -50,8 +50,9 @@ def test_numbers_that_are_never_results():
     assert not [m.group() for m in reg.PAGE_NUMBER.finditer(text) if not any(
         a <= m.start() < b for a, b in ((n.start(), n.end()) for n in reg.NOT_A_RESULT.finditer(text))
     )]  # fmt: skip
-    assert [m.group() for m in reg.PAGE_NUMBER.finditer("0.34× and 12 % and 2.1e-13, 1,797.5")] == [
-        "0.34×", "12 %", "2.1e-13", "1,797.5"
+    text = r"0.34× and 12 % and 2.1e-13, 1,797.5, 4x faster, $3\cdot 10^{-4}$, accuracy 0.974. 8x8 or 2.1.0"
+    assert [m.group() for m in reg.PAGE_NUMBER.finditer(text)] == [
+        "0.34×", "12 %", "2.1e-13", "1,797.5", "4x", r"3\cdot 10^{-4}", "0.974"
     ]  # fmt: skip
 
 
