@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -222,6 +223,20 @@ def test_figures_command_quick_subset(tmp_path):
         main(["figures", "--out", str(tmp_path), "--only", "nope"])
 
 
+def test_fsam_end_distance_is_euclidean_to_its_basins_minimum():
+    """The committed figures' ``distance_to_basin_minimum`` (docs/reproductions.md and
+    docs/figures/README.md quote it) against a hand computation: the Euclidean distance from each
+    run's end point to the minimum, in docs/figures/fsam_fig1.json, of the basin it flows to."""
+    fig = Path(__file__).resolve().parents[1] / "docs" / "figures"
+    minima = json.loads((fig / "fsam_fig1.json").read_text())["minima"]
+    for name in ("fsam_fig2", "fsam_fig3", "fsam_fig2_small_gamma"):
+        for run in json.loads((fig / f"{name}.json").read_text())["runs"].values():
+            want = math.dist(run["end"], minima[run["basin"]]["theta"])
+            assert run["distance_to_basin_minimum"] == pytest.approx(want, rel=1e-9)
+    flat_end = json.loads((fig / "fsam_fig3.json").read_text())["runs"]["FSAM"]["end"]
+    assert math.hypot(flat_end[0] - 19.810064, flat_end[1] - 29.936621) == pytest.approx(1.933, abs=1e-3)
+
+
 @pytest.mark.slow
 def test_figures_command_all_reduced(tmp_path):
     from toy_problems.__main__ import main
@@ -234,6 +249,8 @@ def test_figures_command_all_reduced(tmp_path):
     assert f2["runs"]["SAM"]["basin"] == "sharp" and f2["runs"]["FSAM"]["basin"] == "flat"
     for run in f2["runs"].values():
         assert min(run["end_hessian_eigenvalues"]) > 0
+        theta = next(m.theta for m in tp.GaussianMixture().minima if m.label == run["basin"])
+        assert run["distance_to_basin_minimum"] == pytest.approx(math.dist(run["end"], theta), rel=1e-9)
     f3 = json.loads((tmp_path / "fsam_fig3.json").read_text())
     assert f3["runs"]["ASAM"]["basin"] == "sharp" and f3["runs"]["FSAM"]["basin"] == "flat"
     assert f"rho = {figures.FSAM_SETTINGS['asam_rho']:g}" in f3["runs"]["ASAM"]["settings"]

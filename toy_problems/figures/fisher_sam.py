@@ -140,6 +140,14 @@ def _fsam_pair(out: Path, resolution: int, name: str, start, methods, headline: 
         end = tr.path[-1]
         basin = _basin_of(prob, end)
         eig = torch.linalg.eigvalsh(hessian(prob, end)).tolist() if not tr.diverged else [math.nan] * 2
+        # how far the end point lies from the minimum of the basin it flows to (a constant step
+        # settles at a stationary point of the method's own perturbed objective, not at that minimum)
+        reached = [m for m in prob.minima if m.label == basin]
+        distance = (
+            float((end.double() - torch.tensor(reached[0].theta, dtype=torch.float64)).norm())
+            if reached
+            else math.nan
+        )
         for m, marker in zip(prob.minima, ("*", "o")):
             ax.plot(
                 *m.theta, marker=marker, color="tab:blue" if m.label == "flat" else "magenta", ms=10, mec="w"
@@ -161,6 +169,7 @@ def _fsam_pair(out: Path, resolution: int, name: str, start, methods, headline: 
             "end": end.tolist(),
             "end_loss": float(tr.losses[-1]),
             "basin": basin,
+            "distance_to_basin_minimum": distance,
             "end_hessian_eigenvalues": eig,
             "diverged": tr.diverged,
             "message": tr.message,
