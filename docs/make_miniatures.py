@@ -149,6 +149,11 @@ def verdict(method: list[float], base: list[float], better: str) -> str:
     return "reproduced" if (m1 > m0) == (better == "higher") else "not reproduced"
 
 
+def shown(v: str) -> str:
+    """A verdict as the tables print it: a resolved one (reproduced or not) in bold."""
+    return v if v.startswith("not resolved") else f"**{v}**"
+
+
 def stopped(row: dict[str, Any]) -> bool:
     """A run the runner stopped at a divergence: no final metrics (counted, not averaged)."""
     return row.get("status") == "diverged"
@@ -186,7 +191,7 @@ def label_noise_tables(rows: list[dict[str, Any]]) -> str:
                 if "bma_nll" in rs[0]
                 else ""
             )
-            v = "" if key == "sgd" else verdict(acc, base, "higher")
+            v = "" if key == "sgd" else shown(verdict(acc, base, "higher"))
             n_bad = sum(diverged(r) for r in runs)
             if n_bad:
                 kept = "" if n_bad == len(runs) - len(rs) else ", kept in the means"
@@ -219,7 +224,7 @@ def bsam_calibration_table(rows: list[dict[str, Any]]) -> str:
             rate = float(variant.split("=")[-1])
             lines.append(
                 f"| {rate:.0%} | {metric.upper()} | {fmt(b)} | {fmt(s0)} | {fmt(s1)} | "
-                f"{verdict(b, s0, 'lower')} | {verdict(b, s1, 'lower')} |"
+                f"{shown(verdict(b, s0, 'lower'))} | {shown(verdict(b, s1, 'lower'))} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -279,7 +284,7 @@ def posterior_tables(rows: list[dict[str, Any]]) -> str:
         a, b = [get(r, path) for r in g[(new,)]], [get(r, path) for r in g[(old,)]]
         lines.append(
             f"| {POSTERIOR_METHODS[new]} vs {POSTERIOR_METHODS[old]}: {text} | {fmt(a)} | {fmt(b)} | "
-            f"{verdict(a, b, better)} |"
+            f"{shown(verdict(a, b, better))} |"
         )
     return "\n".join(lines) + "\n"
 
