@@ -570,6 +570,5 @@ NOT_YET = (
     "docs/methods/optimizers.md",
     "docs/methods/sharpness.md",
     "docs/methods/toy_problems.md",
-    "docs/miniatures.md",
     "docs/reproductions.md",
 )

@@ -176,7 +176,7 @@ def label_noise_tables(rows: list[dict[str, Any]]) -> str:
             "(final epoch; verdict on test accuracy vs SGD)",
             "",
             "| method | test accuracy | best epoch's test acc. | NLL | ECE | flipped examples memorised"
-            " | λ_max | BMA NLL / ECE | SAM family more robust than SGD |",
+            " | λ_max | BMA NLL / ECE | more robust than SGD |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         base = [r["accuracy"] for r in g[(variant, "sgd")] if not stopped(r)]
