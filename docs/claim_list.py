@@ -16,6 +16,7 @@ import claim_list_guide
 import claim_list_miniatures
 import claim_list_optimizers
 from claim import Claim
+from claim_list_miniatures import LN4, LN6, MINIATURE_INPUTS, MINIATURE_RUN, MINIATURE_STATUS
 from claim_list_products import CLAIMS as PRODUCT_CLAIMS
 
 REPRODUCTIONS = ("docs/reproductions.md",)
@@ -136,20 +137,6 @@ F_SWAG_ROW, F_SWAG_VALUES = _swag_row("F-SWAG", "f_swag")
 PATHS_SOURCE = "docs/figures/paths_rings.json"
 
 
-MINIATURE_RUN = (
-    "python -m experiments run configs/miniatures/label_noise.toml out_dir={out}/runs && "
-    "python -m experiments run configs/miniatures/flat_posteriors.toml out_dir={out}/runs && "
-    "python docs/make_miniatures.py --runs {out}/runs --out {out}"
-)
-MINIATURE_INPUTS = (
-    "configs/miniatures/label_noise.toml",
-    "configs/miniatures/flat_posteriors.toml",
-    "docs/make_miniatures.py",
-)
-LN4, LN6 = "label_noise=0.4", "label_noise=0.6"
-#: ``experiments run`` exits with 3 when a run diverged and was recorded (one G-TRACER seed does,
-#: as docs/miniatures.md reports); the tables are made all the same
-MINIATURE_STATUS = (0, 3)
 BENCH_NOTE = (
     "a measurement (timings on a shared machine): checked against its JSON, not re-run; regenerate "
     "with python benchmarks/bench_training.py"
@@ -958,11 +945,6 @@ NOT_RESULTS: dict[str, tuple[str, ...]] = {
 #: page -> the script that writes it and the test that compares the page with the script's output
 GENERATED: dict[str, str] = {
     "docs/papers.md": "python docs/make_papers.py; tests/test_papers_page.py",
+    "docs/figures/miniature_tables.md": "python docs/make_miniatures.py; tests/test_make_miniatures.py",
+    "docs/figures/study_digits.md": "python -m experiments.study report; tests/test_study_claims.py",
 }
-
-#: pages with numbers not yet registered (issue 37): each is a to-do, named in docs/claims.md
-NOT_YET = (
-    "docs/figures/miniature_tables.md",
-    "docs/figures/study_digits.md",
-    "docs/miniatures.md",
-)

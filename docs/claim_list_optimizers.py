@@ -10,25 +10,13 @@ import statistics
 from typing import Any
 
 from claim import Claim
+from claim_list_miniatures import MINIATURE_INPUTS, MINIATURE_RUN, MINIATURE_STATUS
 
 PAGE = "docs/methods/optimizers.md"
 NUMBERS = "docs/figures/optimizer_numbers.json"
 #: a few seconds on one CPU thread: closed forms and single steps on tiny float64 problems
 NUMBERS_RUN = "python docs/make_optimizer_numbers.py --out {out}"
 NUMBERS_SCRIPT = "docs/make_optimizer_numbers.py"
-
-#: the command of the miniatures' claims in docs/claim_list.py (``MINIATURE_RUN``), the same string
-MINIATURE_RUN = (
-    "python -m experiments run configs/miniatures/label_noise.toml out_dir={out}/runs && "
-    "python -m experiments run configs/miniatures/flat_posteriors.toml out_dir={out}/runs && "
-    "python docs/make_miniatures.py --runs {out}/runs --out {out}"
-)
-MINIATURE_INPUTS = (
-    "configs/miniatures/label_noise.toml",
-    "configs/miniatures/flat_posteriors.toml",
-    "docs/make_miniatures.py",
-)
-MINIATURE_STATUS = (0, 3)  # a recorded divergence exits with 3 (docs/claim_list.py)
 
 
 def _pct(path: str):

@@ -15,9 +15,9 @@ for re-runs and whether a re-run is cheap (default test suite) or expensive (``-
 Every number of every page (``PAGES`` in ``docs/claim_list.py``: the README, the configs' README,
 ``docs/``) is accounted for: a page in ``NOT_RESULTS`` quotes no number outside a claim's quote but
 in the phrases listed for it (a setting, a target, a version, a paper's own number; numbers in code,
-link targets and section / equation / table / figure references never count), a page in
-``GENERATED`` is compared with its script's output by a test, and ``NOT_YET`` lists the pages still
-to do.
+link targets and section / equation / table / figure references never count, nor those of a line
+copied whole from a generated page, such as a table row), and a page in ``GENERATED`` is compared
+with its script's output by a test.
 
 ``tests/test_claims.py`` checks that every quote, filled from the current JSON, appears in its files
 (a number edited by hand fails), that the registry matches the sources and the hashes of the inputs
@@ -224,11 +224,31 @@ def phrase_spans(text: str, phrase: str) -> list[tuple[int, int]]:
     return [(m.start(), m.end()) for m in re.finditer(pattern, text)]
 
 
-def unclaimed_numbers(page: str, claims: list[Claim], phrases: tuple[str, ...]) -> list[str]:
-    """The numbers of ``page`` that no claim quotes and no exempt phrase holds, as ``line: number:
-    context``; and an exempt phrase the page no longer contains (a stale exemption)."""
+def copied_lines(text: str, sources: tuple[str, ...]) -> list[tuple[int, int]]:
+    """The spans of the lines of ``text`` that are, whitespace aside, a whole line of one of the
+    ``sources`` pages (generated pages, each compared with its script's output by a test): a table
+    row copied from a generated page quotes that page's numbers."""
+    lines = {
+        normalise(line) for src in sources for line in (ROOT / src).read_text(encoding="utf-8").splitlines()
+    }
+    lines.discard("")
+    spans, start = [], 0
+    for line in text.splitlines(keepends=True):
+        if normalise(line) in lines:
+            spans.append((start, start + len(line)))
+        start += len(line)
+    return spans
+
+
+def unclaimed_numbers(
+    page: str, claims: list[Claim], phrases: tuple[str, ...], copied_from: tuple[str, ...] = ()
+) -> list[str]:
+    """The numbers of ``page`` that no claim quotes, no exempt phrase holds and no line copied whole
+    from a page of ``copied_from`` (the generated pages) holds, as ``line: number: context``; and an
+    exempt phrase the page no longer contains (a stale exemption)."""
     text = (ROOT / page).read_text(encoding="utf-8")
     covered = [(m.start(), m.end()) for m in NOT_A_RESULT.finditer(text)]
+    covered += copied_lines(text, tuple(p for p in copied_from if p != page))
     for claim in claims:
         if page in claim.files:
             covered += phrase_spans(text, fill(claim, read_values(claim)))
@@ -251,25 +271,26 @@ def pages(patterns: tuple[str, ...]) -> list[str]:
 
 
 def page_problems(claims: list[Claim], lists: Any) -> list[str]:
-    """Every page of ``lists.PAGES`` is checked (``lists.NOT_RESULTS``: each of its numbers a claim's
-    or in an exempt phrase), generated (``lists.GENERATED``: compared with its script by a test) or
-    a listed to-do (``lists.NOT_YET``); a page with numbers in none of them is a problem."""
-    problems = []
+    """Every page of ``lists.PAGES`` is checked (``lists.NOT_RESULTS``: each of its numbers a claim's,
+    in an exempt phrase or in a line copied whole from a ``lists.GENERATED`` page) or generated
+    (``lists.GENERATED``: compared with its script by a test); a page with numbers in neither is a
+    problem."""
+    problems, generated = [], tuple(lists.GENERATED)
     for page in pages(lists.PAGES):
         if page in lists.NOT_RESULTS:
-            problems += unclaimed_numbers(page, claims, lists.NOT_RESULTS[page])
-        elif page not in lists.GENERATED and page not in lists.NOT_YET:
-            numbers = unclaimed_numbers(page, claims, ())
+            problems += unclaimed_numbers(page, claims, lists.NOT_RESULTS[page], generated)
+        elif page not in lists.GENERATED:
+            numbers = unclaimed_numbers(page, claims, (), generated)
             if numbers:
                 problems.append(
-                    f"{page}: quotes {len(numbers)} numbers but is in none of NOT_RESULTS, GENERATED, "
-                    f"NOT_YET (docs/claim_list.py); the first: {numbers[0]}"
+                    f"{page}: quotes {len(numbers)} numbers but is in neither NOT_RESULTS nor GENERATED "
+                    f"(docs/claim_list.py); the first: {numbers[0]}"
                 )
-    listed = [*lists.NOT_RESULTS, *lists.GENERATED, *lists.NOT_YET]
+    listed = [*lists.NOT_RESULTS, *lists.GENERATED]
     known = pages(lists.PAGES)
     problems += [f"{p}: listed in docs/claim_list.py but not a page" for p in listed if p not in known]
     twice = {p for p in listed if listed.count(p) > 1}
-    problems += [f"{p}: listed twice in docs/claim_list.py (checked, generated or to-do: one)" for p in twice]
+    problems += [f"{p}: listed twice in docs/claim_list.py (checked or generated: one)" for p in twice]
     return problems
 
 

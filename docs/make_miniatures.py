@@ -17,7 +17,12 @@ what the results table of the runner does not hold:
 
 Writes ``miniature_label_noise.png`` (test accuracy and training loss per epoch, mean and standard
 deviation over seeds), ``miniature_tables.md`` (the tables of docs/miniatures.md) and
-``miniature_results.json`` (every per-seed number) to ``--out``.
+``miniature_results.json`` (every per-seed number) to ``--out``. The tables are rendered from the
+JSON's rows alone (:func:`tables_page`), so ``--from-json`` rewrites ``miniature_tables.md`` from a
+committed ``miniature_results.json`` without the runs (``tests/test_make_miniatures.py`` checks that
+the committed page is that rendering)::
+
+    python docs/make_miniatures.py --from-json docs/figures/miniature_results.json
 
 Verdict rule of the tables: a difference counts as resolved when the intervals mean +- one sample
 standard deviation (ddof 1, over seeds) of method and baseline do not overlap; then "reproduced" if
@@ -55,6 +60,8 @@ LABEL_NOISE_METHODS = {
 }
 POSTERIOR_METHODS = {"swag": "SWAG", "f_swag": "F-SWAG", "sgld": "SGLD", "f_sgld": "F-SGLD"}
 DIVERGED_LOSS = 10.0
+#: the per-epoch curves the JSON keeps (rounded to 5 digits: a small file)
+PER_EPOCH = ("train_loss", "test_accuracy", "test_nll")
 SAMPLE_MEASURES = [
     ("lambda_max", {"tol": 1e-3, "smallest": False, "max_matvecs": 100}),
     ("hessian_trace", {"method": "hutchpp", "max_matvecs": 60}),
@@ -142,6 +149,11 @@ def verdict(method: list[float], base: list[float], better: str) -> str:
     return "reproduced" if (m1 > m0) == (better == "higher") else "not reproduced"
 
 
+def shown(v: str) -> str:
+    """A verdict as the tables print it: a resolved one (reproduced or not) in bold."""
+    return v if v.startswith("not resolved") else f"**{v}**"
+
+
 def stopped(row: dict[str, Any]) -> bool:
     """A run the runner stopped at a divergence: no final metrics (counted, not averaged)."""
     return row.get("status") == "diverged"
@@ -164,7 +176,7 @@ def label_noise_tables(rows: list[dict[str, Any]]) -> str:
             "(final epoch; verdict on test accuracy vs SGD)",
             "",
             "| method | test accuracy | best epoch's test acc. | NLL | ECE | flipped examples memorised"
-            " | λ_max | BMA NLL / ECE | SAM family more robust than SGD |",
+            " | λ_max | BMA NLL / ECE | more robust than SGD |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         base = [r["accuracy"] for r in g[(variant, "sgd")] if not stopped(r)]
@@ -179,7 +191,7 @@ def label_noise_tables(rows: list[dict[str, Any]]) -> str:
                 if "bma_nll" in rs[0]
                 else ""
             )
-            v = "" if key == "sgd" else verdict(acc, base, "higher")
+            v = "" if key == "sgd" else shown(verdict(acc, base, "higher"))
             n_bad = sum(diverged(r) for r in runs)
             if n_bad:
                 kept = "" if n_bad == len(runs) - len(rs) else ", kept in the means"
@@ -212,7 +224,7 @@ def bsam_calibration_table(rows: list[dict[str, Any]]) -> str:
             rate = float(variant.split("=")[-1])
             lines.append(
                 f"| {rate:.0%} | {metric.upper()} | {fmt(b)} | {fmt(s0)} | {fmt(s1)} | "
-                f"{verdict(b, s0, 'lower')} | {verdict(b, s1, 'lower')} |"
+                f"{shown(verdict(b, s0, 'lower'))} | {shown(verdict(b, s1, 'lower'))} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -220,11 +232,9 @@ def bsam_calibration_table(rows: list[dict[str, Any]]) -> str:
 def timing_table(rows: list[dict[str, Any]]) -> str:
     """Seconds per run (training and evaluation, ``results.json``), mean over the runs of a method."""
     g = group(rows, "method")
-    lines = ["| method | runs | seconds per run (mean) | of which training epochs |", "|---|---|---|---|"]
+    lines = ["| method | runs | seconds per run (mean) |", "|---|---|---|"]
     for (method,), rs in g.items():
-        total = np.mean([r["seconds"] for r in rs])
-        train = np.mean([sum(h["seconds"] for h in r["history"]) for r in rs])
-        lines.append(f"| {method} | {len(rs)} | {total:.1f} | {train:.1f} |")
+        lines.append(f"| {method} | {len(rs)} | {np.mean([r['seconds'] for r in rs]):.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -274,7 +284,7 @@ def posterior_tables(rows: list[dict[str, Any]]) -> str:
         a, b = [get(r, path) for r in g[(new,)]], [get(r, path) for r in g[(old,)]]
         lines.append(
             f"| {POSTERIOR_METHODS[new]} vs {POSTERIOR_METHODS[old]}: {text} | {fmt(a)} | {fmt(b)} | "
-            f"{verdict(a, b, better)} |"
+            f"{shown(verdict(a, b, better))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -283,7 +293,7 @@ def posterior_tables(rows: list[dict[str, Any]]) -> str:
 def diverged(row: dict[str, Any]) -> bool:
     """A run the runner stopped as diverged (``status``, :mod:`experiments.divergence`), or whose
     training loss exceeded ``DIVERGED_LOSS`` in some epoch (chance is ln 10 = 2.3)."""
-    return stopped(row) or any(h["train_loss"] > DIVERGED_LOSS for h in row["history"])
+    return stopped(row) or any(loss > DIVERGED_LOSS for loss in row["per_epoch"]["train_loss"])
 
 
 def label_noise_figure(rows: list[dict[str, Any]], path: Path) -> None:
@@ -314,16 +324,11 @@ def label_noise_figure(rows: list[dict[str, Any]], path: Path) -> None:
             for row, metric in ((0, "test_accuracy"), (1, "train_loss")):
                 ax = axes[row, j]
                 for r in bad:
-                    ax.plot(
-                        [h["epoch"] for h in r["history"]],
-                        [h[metric] for h in r["history"]],
-                        color=colours(i),
-                        ls=":",
-                        lw=0.8,
-                    )
+                    curve = r["per_epoch"][metric]
+                    ax.plot(range(1, len(curve) + 1), curve, color=colours(i), ls=":", lw=0.8)
                 if not ok:
                     continue
-                curves = np.array([[h[metric] for h in r["history"]] for r in ok])
+                curves = np.array([r["per_epoch"][metric] for r in ok])
                 ep = np.arange(1, curves.shape[1] + 1)
                 m = curves.mean(0)
                 if row == 0:  # accuracy: mean +- std; loss (log axis): the range over seeds
@@ -350,14 +355,46 @@ def label_noise_figure(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def tables_page(results: dict[str, list[dict[str, Any]]]) -> str:
+    """``miniature_tables.md`` from the rows of ``miniature_results.json`` (``label_noise``,
+    ``flat_posteriors``; either may be absent)."""
+    tables = ["# Miniature tables (written by docs/make_miniatures.py)", ""]
+    if "label_noise" in results:
+        rows = results["label_noise"]
+        tables += ["## Label noise", "", label_noise_tables(rows)]
+        tables += ["### bSAM's calibration", "", bsam_calibration_table(rows)]
+        tables += ["### Seconds per run", "", timing_table(rows)]
+    if "flat_posteriors" in results:
+        rows = results["flat_posteriors"]
+        tables += ["## F-versions vs baselines", "", posterior_tables(rows)]
+        tables += ["### Seconds per run", "", timing_table(rows)]
+    return "\n".join(tables)
+
+
 # ------------------------------------------------------------------------------------ main
 def _row(run_dir: Path) -> dict[str, Any]:
+    """A run's metrics, seconds, divergence record and per-epoch curves (``PER_EPOCH``, rounded);
+    ``history`` is the runner's full per-epoch record, dropped before the JSON is written."""
     res = read_json(run_dir / "results.json", what="results file")
     row = read_json(run_dir / "metrics.json", what="metrics file")
     row["history"], row["seconds"] = res["history"], res["seconds"]
     if res.get("divergence"):
         row["divergence"] = res["divergence"]
+    row["per_epoch"] = {k: [round(float(h[k]), 5) for h in res["history"]] for k in PER_EPOCH}
     return row
+
+
+def rewrite_tables(results_json: Path, out: Path) -> str:
+    """Write ``out/miniature_tables.md`` from a ``miniature_results.json`` (no runs needed)."""
+    results = read_json(results_json, what="miniature results")
+    if not isinstance(results, dict) or not {"label_noise", "flat_posteriors"} & set(results):
+        raise ValueError(
+            f"{results_json} holds no 'label_noise' or 'flat_posteriors' rows: pass the "
+            "miniature_results.json that docs/make_miniatures.py wrote"
+        )
+    text = tables_page(results)
+    atomic_write_text(out / "miniature_tables.md", text)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,11 +402,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", default="runs/miniatures", help="out_dir of the two configs")
     ap.add_argument("--out", default="docs/figures", help="where the figure, tables and JSON go")
     ap.add_argument("--samples", type=int, default=8, help="SWAG draws per run for the sample sharpness")
+    ap.add_argument(
+        "--from-json",
+        default=None,
+        help="only rewrite miniature_tables.md in --out from this miniature_results.json (no runs)",
+    )
     args = ap.parse_args(argv)
+    if args.from_json is not None:
+        print(rewrite_tables(Path(args.from_json), Path(args.out)))
+        return 0
     torch.set_num_threads(1)
     root, out = Path(args.runs), Path(args.out)
     results: dict[str, Any] = {}
-    tables = ["# Miniature tables (written by docs/make_miniatures.py)", ""]
     noise_root = root / "label_noise"
     if noise_root.is_dir():
         rows = []
@@ -383,9 +427,6 @@ def main(argv: list[str] | None = None) -> int:
             row.update(memorisation(restore(d)))
             rows.append(row)
         label_noise_figure(rows, out / "miniature_label_noise.png")
-        tables += ["## Label noise", "", label_noise_tables(rows)]
-        tables += ["### bSAM's calibration", "", bsam_calibration_table(rows)]
-        tables += ["### Seconds per run", "", timing_table(rows)]
         results["label_noise"] = rows
     post_root = root / "flat_posteriors"
     if post_root.is_dir():
@@ -396,16 +437,11 @@ def main(argv: list[str] | None = None) -> int:
             if tr.method["swag"]:
                 row["swag_sharpness"] = swag_sample_sharpness(tr, args.samples)
             rows.append(row)
-        tables += ["## F-versions vs baselines", "", posterior_tables(rows)]
-        tables += ["### Seconds per run", "", timing_table(rows)]
         results["flat_posteriors"] = rows
-    for rows in results.values():  # per-epoch curves as rounded arrays: a small file
+    for rows in results.values():  # the JSON keeps the per-epoch curves of PER_EPOCH only
         for row in rows:
-            hist = row.pop("history")
-            row["per_epoch"] = {
-                k: [round(float(h[k]), 5) for h in hist] for k in ("train_loss", "test_accuracy", "test_nll")
-            }
-    text = "\n".join(tables)
+            del row["history"]
+    text = tables_page(results)  # from the rows as the JSON holds them: --from-json gives the same
     atomic_write_text(out / "miniature_tables.md", text)
     atomic_write_json(out / "miniature_results.json", results)
     print(text)

@@ -44,6 +44,22 @@ def test_an_unregistered_number_on_a_checked_page_fails(tmp_path, monkeypatch):
     assert any("'3.11'" in p for p in stale)  # its own exemption dropped: the number is named
 
 
+def test_a_line_copied_whole_from_a_generated_page_is_covered(tmp_path, monkeypatch):
+    """A table row copied verbatim (whitespace aside) from a generated page quotes that page's
+    numbers; a row with one digit changed, or the same number inside a sentence, does not."""
+    (tmp_path / "gen.md").write_text("# Tables\n\n| SGD | 0.695 ± 0.033 |\n| SAM | 0.918 ± 0.004 |\n")
+    (tmp_path / "page.md").write_text(
+        "| method | accuracy |\n|---|---|\n|  SGD |  0.695 ± 0.033 |\n| SAM | 0.918 ± 0.005 |\n"
+        "SGD ends at 0.695 here.\n"
+    )
+    monkeypatch.setattr(reg, "ROOT", tmp_path)
+    problems = reg.unclaimed_numbers("page.md", [], (), ("gen.md",))
+    assert [tuple(p.split(": ")[0].split(":")[1:]) + (p.split("'")[1],) for p in problems] == [
+        ("4", "0.918"), ("4", "0.005"), ("5", "0.695")
+    ]  # fmt: skip
+    assert len(reg.unclaimed_numbers("page.md", [], ())) == 5  # without the generated page: every number
+
+
 def test_numbers_that_are_never_results():
     """Code, link targets, section / equation / table references and versions are not results."""
     text = "Sec. 5.1, eq. 12.3, Table 2.1, App. C.2, curvlinops 3.0.1, `lr = 0.05`, [x](a/1.5.md)"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from experiments.study.report import report_markdown
 from experiments.study.summary import headline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +52,14 @@ def test_every_number_of_the_study_bullet_is_the_reports():
     allowed = set(_numbers(DOC["headline"]))
     stray = [n for n in _numbers(_bullet()) if n not in allowed]
     assert not stray, f"numbers in the study bullet that the report does not print: {stray}"
+
+
+def test_committed_page_is_the_reports_rendering_of_the_committed_json():
+    """docs/figures/study_digits.md is generated (docs/claim_list.py's GENERATED): it must be what
+    the report writes for the committed JSON, so a number edited by hand in either fails."""
+    page = (FIG / "study_digits.md").read_text(encoding="utf-8")
+    assert report_markdown(DOC) == page
+    assert page.count("\n| lambda_max |") == len(DOC["targets"]) + 1  # a row per target table, and psi's
 
 
 def test_committed_files_agree():

@@ -22,6 +22,7 @@ from experiments.study.config import plan_population
 from experiments.study.correlation import bootstrap_tau
 from experiments.study.figure import log_ticks
 from experiments.study.population import population_ids
+from experiments.study.report import report_markdown
 from experiments.study.stopping import StopMismatch
 
 TARGET = 1.2  # reached after 7 epochs of 2 steps by the tiny MLPs below
@@ -133,6 +134,9 @@ def test_a_member_short_of_the_target_is_listed_and_excluded(tmp_path):
     assert doc["excluded"][0]["train_loss"] == slow[0]["train_loss"]
     assert f"| {slow[0]['id']} | 0 | not_converged | 3 | {slow[0]['train_loss']:.3f} |" in doc["markdown"]
     assert "1 excluded from the correlations (1 did not reach the target, 0 diverged)" in doc["headline"]
+    # the page renders again from the JSON alone (docs/figures/study_digits.md is compared so)
+    written = json.loads((tmp_path / "correlation.json").read_text())
+    assert report_markdown(written) == (tmp_path / "correlation.md").read_text() == doc["markdown"]
     # another target for the same run directories is refused, naming the fix
     other = _cfg(
         stop={"train_loss": 1.0, "max_epochs": 3},

@@ -32,6 +32,7 @@ __all__ = [
     "collect_rows",
     "format_combined",
     "format_markdown",
+    "report_markdown",
     "write_report",
     "write_table",
 ]
@@ -194,11 +195,10 @@ def _excluded_lines(excluded: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in excluded:
-        loss = r.get("train_loss")
-        err = r.get("train_error")
+        loss, err, epochs = r.get("train_loss"), r.get("train_error"), r.get("epochs")
         lines.append(
             f"| {r['id']} | {';'.join(map(str, r['populations']))} | {r['status']} | "
-            f"{r.get('epochs', '-')} | {'-' if loss is None else f'{loss:.3f}'} | "
+            f"{'-' if epochs is None else epochs} | {'-' if loss is None else f'{loss:.3f}'} | "
             f"{'-' if err is None else f'{err:.3f}'} |"
         )
     return "\n".join(lines) + "\n"
@@ -224,6 +224,20 @@ def _timing(out: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "threads": max((r.get("threads", 1) for r in trained), default=1),
         "invocations": trained,
     }
+
+
+def report_markdown(doc: dict[str, Any]) -> str:
+    """``correlation.md`` from the report's JSON (``correlation.json``, or a copy such as
+    ``docs/figures/study_digits.json``): the headline, the combined tables, the excluded members and
+    the diverged ones; :func:`write_report` writes this, so a committed page can be compared with
+    its JSON without re-running the study."""
+    measures = [m["name"] for m in doc["study"]["measures"]]
+    md = doc["headline"] + "\n" + format_combined(doc["combined"], measures, doc["targets"])
+    md += _excluded_lines(doc["excluded"])
+    if doc["diverged"]:
+        k = len(doc["diverged"])
+        md += f"\n{k} member{'s' if k != 1 else ''} diverged, excluded: {', '.join(doc['diverged'])}\n"
+    return md
 
 
 def write_report(
@@ -306,10 +320,7 @@ def write_report(
         "models": every,
     }
     doc["headline"] = headline(doc)
-    md = doc["headline"] + "\n" + format_combined(combined, measures, targets) + _excluded_lines(excluded)
-    if doc["diverged"]:
-        k = len(doc["diverged"])
-        md += f"\n{k} member{'s' if k != 1 else ''} diverged, excluded: {', '.join(doc['diverged'])}\n"
+    md = report_markdown(doc)
     write_table(every, out / "population.csv")
     atomic_write_json(out / "population.json", every)
     atomic_write_text(out / "correlation.md", md)
