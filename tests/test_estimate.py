@@ -97,7 +97,7 @@ def test_estimate_prints_one_row_per_variant_and_method_and_writes_nothing(tmp_p
             continue
         assert est.error is None
         assert len(est.step_ms_all) == 8 and est.step_ms == statistics.median(est.step_ms_all)
-        n_train = 1437
+        n_train = 1438  # load_digits("train")
         batch = int(est.variant.split("=")[1])
         assert est.steps_per_epoch == math.ceil(n_train / batch) and est.epochs == 7 and est.members == 1
         hours = est.epochs * est.steps_per_epoch * est.step_ms / 3.6e6

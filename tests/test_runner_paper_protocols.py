@@ -102,7 +102,7 @@ def test_swag_collects_every_k_steps_the_hand_moments(tmp_path, record_weights):
     )
     holder["model"] = t.model
     spe = t.steps_per_epoch
-    assert spe == math.ceil(len(t.data.y_train) / 256) == 6  # 1,437 digits, batch 256
+    assert spe == math.ceil(len(t.data.y_train) / 256) == 6  # 1,438 digits, batch 256
     t.fit()
     total = 3 * spe
     weights[total] = _flat(t.model)

@@ -240,7 +240,7 @@ def test_non_binding_bound_is_bit_identical_to_the_paper_rule():
 
 def _rare_feature_problem():
     """Logistic regression on 3 features; feature 2 is 0 except in one example, where it is 20 (as a
-    standardised corner pixel of the digits, 0 in all but 1-3 of 1,437 images, reaches 26-38). Its
+    standardised corner pixel of the digits, 0 in all but 1-3 of 1,438 images, reaches 26-38). Its
     weights start at 0, so that the rare example does not saturate the softmax."""
     gen = torch.Generator().manual_seed(5)
     n = 64

@@ -59,7 +59,7 @@ Rare features and ``max_correction_ratio``.  The per-coordinate ratio ``g_i^2 / 
 has no upper bound: a coordinate whose gradient is usually tiny (``f_bar_i <~ delta``) and then
 jumps gets ``v_i = g_i / (f_bar_i + delta)`` up to ``g_i / delta``.  On the label-noise digits
 miniature (tanh 64-128-128-10, batch 32, lr 0.05, momentum 0.9, 40 % flipped labels, seed 1) the
-first-layer weights of a standardised corner pixel (on in 1 of 1,437 images, value 37.9 then,
+first-layer weights of a standardised corner pixel (on in 1 of 1,438 images, value 37.9 then,
 -0.03 otherwise; ``f_bar ~ 8e-9``, ``g ~ 0.15``) carried all of ``||v|| = 2e7`` at step 35, and
 ``||2 rho H v|| = 249 = 212 ||g||``; the step saturated those units, and at step 39 another rare
 pixel gave ``1.4e4 = 1340 ||g||``: the loss went to 120 and training never recovered.  The method
