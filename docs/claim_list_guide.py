@@ -214,7 +214,7 @@ CLAIMS: list[Claim] = [
         id="toy_methods.bsam_fig3_exact_std",
         source="docs/figures/bsam_fig3.json",
         values={"ex": _exact_std(0), "ey": _exact_std(1)},
-        quote="below the exact ones, ({ex:.2f}, {ey:.2f})",
+        quote="the exact marginal standard deviations are ({ex:.2f}, {ey:.2f})",
         files=TOY_METHODS,
         inputs=BSAM_FIG,
         rerun=FIGURES.format(name="bsam_fig3"),
