@@ -232,6 +232,8 @@ METHOD_TABLES: dict[str, dict[str, Any]] = {
 }
 #: the values the ``laplace`` table's string keys take
 LAPLACE_CHOICES = {"kind": ("kron", "diag"), "predictive": ("glm", "mc"), "link": ("probit", "mc")}
+#: the ``laplace`` table's prior precisions fitted by the evidence: one number, or one per layer
+LAPLACE_PRIOR_FITS = ("optimize", "optimize_layerwise")
 
 _TYPE_NAMES = {
     bool: "true or false",
@@ -498,18 +500,19 @@ def _method_tables(i: int, m: dict[str, Any]) -> None:
 
 
 def _laplace_table(i: int, given: dict[str, Any]) -> dict[str, Any]:
-    """The ``laplace`` table with its defaults: ``prior_precision`` a number > 0 or "optimize", the
-    string keys among :data:`LAPLACE_CHOICES`, ``samples`` >= 1."""
+    """The ``laplace`` table with its defaults: ``prior_precision`` a number > 0, "optimize" or
+    "optimize_layerwise", the string keys among :data:`LAPLACE_CHOICES`, ``samples`` >= 1."""
     where = f"methods[{i}].laplace"
     rest = {k: v for k, v in given.items() if k != "prior_precision"}
     defaults = {k: v for k, v in METHOD_TABLES["laplace"].items() if k != "prior_precision"}
     out = _merge(where, rest, defaults)
     prior = given.get("prior_precision", "optimize")
     number = isinstance(prior, (int, float)) and not isinstance(prior, bool)
-    if prior != "optimize" and not (number and math.isfinite(prior) and 0 < prior <= FLOAT32_MAX):
+    if prior not in LAPLACE_PRIOR_FITS and not (number and math.isfinite(prior) and 0 < prior <= FLOAT32_MAX):
         raise ConfigError(
-            f'{where}.prior_precision must be a number > 0 or "optimize" (the maximiser of the log '
-            f"marginal likelihood), got {prior!r}"
+            f'{where}.prior_precision must be a number > 0, "optimize" (the maximiser of the log '
+            'marginal likelihood) or "optimize_layerwise" (one maximiser per layer), got '
+            f"{prior!r}"
         )
     out["prior_precision"] = float(prior) if number else prior
     for key, choices in LAPLACE_CHOICES.items():

@@ -11,7 +11,9 @@ records the fit):
   values) or ``"diag"`` (:class:`optimizers.DiagLaplace`, the exact GGN diagonal of all weights);
 * ``prior_precision``: a number ``delta > 0``, or ``"optimize"``: the maximiser of the Laplace log
   marginal likelihood (MacKay 1992; Immer et al. 2021; laplace-torch's ``optimize_prior_precision(
-  method="marglik")``, solved exactly here);
+  method="marglik")``, solved exactly here), or ``"optimize_layerwise"``: one maximiser per
+  parameter tensor (per Kronecker block for ``"kron"``; laplace-torch's per-layer prior,
+  ``prior_structure="layerwise"``);
 * ``predictive``: ``"glm"``, the linearised predictive (Immer, Korzepa & Bauer 2021) with ``link``
   ``"probit"`` (MacKay 1992) or ``"mc"`` (``samples`` draws in function space); or ``"mc"``,
   ``samples`` weight vectors drawn from the posterior and the network's softmax averaged (the same
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from experiments.config import LAPLACE_PRIOR_FITS
 from optimizers.bayes.laplace import DiagLaplace, KronLaplace
 
 __all__ = ["fit_laplace", "laplace_probs", "laplace_summary"]
@@ -69,15 +72,15 @@ def fit_laplace(
         dtype=torch.float64, device=device, seed=seed, progress=progress, chunk_size=_JACOBIAN_CHUNK
     )
     prior = table["prior_precision"]
-    delta = 1.0 if prior == "optimize" else float(prior)
+    delta = 1.0 if prior in LAPLACE_PRIOR_FITS else float(prior)
     if table["kind"] == "kron":
         post: DiagLaplace | KronLaplace = KronLaplace(
             model, nn.CrossEntropyLoss(), data, delta, params=_kron_params(model), **common
         )
     else:
         post = DiagLaplace(model, nn.CrossEntropyLoss(), data, delta, **common)
-    if prior == "optimize":
-        post.optimize_prior_precision()
+    if prior in LAPLACE_PRIOR_FITS:
+        post.optimize_prior_precision(layerwise=prior == "optimize_layerwise")
     return post
 
 
@@ -108,9 +111,11 @@ def laplace_probs(
 
 def laplace_summary(post: DiagLaplace | KronLaplace, table: dict[str, Any]) -> dict[str, Any]:
     """What ``details["laplace"]`` records: the table, the prior precision used and the evidence."""
+    used = post.prior_precision
     return {
         **table,
-        "prior_precision_used": post.prior_precision,
+        "prior_precision_used": used.tolist() if isinstance(used, torch.Tensor) else used,
+        "prior_groups": post.prior_groups,
         "log_marginal_likelihood": post.log_marginal_likelihood(),
         "num_params": post.num_params,
     }

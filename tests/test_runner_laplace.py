@@ -41,6 +41,10 @@ name = "kron"
 optimizer = "sgd"
 laplace = { kind = "kron" }
 [[methods]]
+name = "kron_layers"
+optimizer = "sgd"
+laplace = { kind = "kron", prior_precision = "optimize_layerwise" }
+[[methods]]
 name = "diag_mc"
 optimizer = "sgd"
 laplace = { kind = "diag", prior_precision = 3.0, predictive = "mc", samples = 3 }
@@ -94,6 +98,18 @@ def test_kron_laplace_row_is_kron_laplace_of_the_checkpoint(runs):
     assert results["metrics"]["nll"] == pytest.approx(point["nll"], rel=1e-10)
 
 
+def test_layerwise_prior_row_records_one_fitted_precision_per_block(runs):
+    results = json.loads((runs / "kron_layers" / "seed0" / "results.json").read_text())
+    model, data = _restored(runs / "kron_layers" / "seed0")
+    la = KronLaplace(model, nn.CrossEntropyLoss(), _batches(data.x_train, data.y_train))
+    delta = la.optimize_prior_precision(layerwise=True)
+    lap = results["details"]["laplace"]
+    assert lap["prior_groups"] == [n for n, _ in model.named_parameters()] == la.prior_groups
+    assert lap["prior_precision_used"] == pytest.approx(delta.tolist(), rel=1e-9)
+    assert lap["log_marginal_likelihood"] == pytest.approx(la.log_marginal_likelihood(), rel=1e-10)
+    _check(results, la.predictive(data.x_test), data.y_test)
+
+
 def test_diag_laplace_weight_samples_row(runs):
     results = json.loads((runs / "diag_mc" / "seed0" / "results.json").read_text())
     model, data = _restored(runs / "diag_mc" / "seed0")
@@ -117,8 +133,8 @@ def _cfg(**laplace) -> dict:
 @pytest.mark.parametrize(
     ("table", "match"),
     [
-        ({"prior_precision": -1.0}, 'prior_precision must be a number > 0 or "optimize"'),
-        ({"prior_precision": "auto"}, 'prior_precision must be a number > 0 or "optimize"'),
+        ({"prior_precision": -1.0}, 'prior_precision must be a number > 0, "optimize"'),
+        ({"prior_precision": "auto"}, 'prior_precision must be a number > 0, "optimize"'),
         ({"kind": "full"}, r"laplace.kind must be one of \['kron', 'diag'\]"),
         ({"predictive": "nn"}, r"laplace.predictive must be one of \['glm', 'mc'\]"),
         ({"samples": 0}, "laplace.samples must be >= 1"),
@@ -172,8 +188,8 @@ def test_experiments_page_shows_the_laplace_rows(runs):
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     df = at.dataframe[0].value
-    assert list(df["method"]) == ["diag_mc", "kron"]
-    for row, name in zip(df.to_dict("records"), ["diag_mc", "kron"]):
+    assert list(df["method"]) == ["diag_mc", "kron", "kron_layers"]
+    for row, name in zip(df.to_dict("records"), ["diag_mc", "kron", "kron_layers"]):
         m = json.loads((runs / name / "seed0" / "metrics.json").read_text())
         assert row["bma_accuracy"] == f"{m['bma_accuracy']:.4g}"
         assert row["bma_nll"] == f"{m['bma_nll']:.4g}"

@@ -21,6 +21,7 @@ marginal likelihood with a prior precision fitted by maximising it.  The equatio
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -98,7 +99,11 @@ def _nll_and_lambda(f: torch.Tensor, y: torch.Tensor, lik: str) -> tuple[torch.T
 # evidence and prior precision
 # --------------------------------------------------------------------------------------------
 def log_marginal_likelihood(
-    nll: float, theta_sq: float, curvature_eigs: torch.Tensor, prior_precision: float
+    nll: float,
+    theta_sq: Any,
+    curvature_eigs: torch.Tensor,
+    prior_precision: Any,
+    group_sizes: Sequence[int] | None = None,
 ) -> float:
     """Laplace log evidence ``-nll - delta/2 ||theta*||^2 + P/2 log delta - 1/2 sum log(lambda_i + delta)``.
 
@@ -107,11 +112,24 @@ def log_marginal_likelihood(
     framework; Immer et al. 2021, "Scalable marginal likelihood estimation for model selection in
     deep learning"; Daxberger et al. 2021, Sec. 2): the ``2 pi`` terms cancel.  ``curvature_eigs`` are the
     eigenvalues of ``G`` (its diagonal for the diagonal approximation).
+
+    With one prior precision per group of parameters (``group_sizes``: the groups' sizes, in the
+    order of ``curvature_eigs``, where the posterior precision is block diagonal over the groups or
+    diagonal in a basis that respects them; ``theta_sq`` and ``prior_precision`` one value per group)
+    the prior is ``N(0, diag(I/delta_g))`` and the evidence is
+    ``-nll - sum_g (delta_g/2 ||theta*_g||^2 - P_g/2 log delta_g) - 1/2 sum_i log(lambda_i + delta_g(i))``.
     """
-    lam = curvature_eigs.clamp_min(0.0)
-    P = lam.numel()
-    logdet = float(torch.log(lam + prior_precision).sum())
-    return -nll - 0.5 * prior_precision * theta_sq + 0.5 * P * math.log(prior_precision) - 0.5 * logdet
+    lam = curvature_eigs.clamp_min(0.0).to(torch.float64)
+    sizes = [lam.numel()] if group_sizes is None else list(group_sizes)
+
+    def per_group(value: Any) -> torch.Tensor:
+        return torch.as_tensor(value, dtype=torch.float64, device=lam.device).reshape(-1).expand(len(sizes))
+
+    d, t = per_group(prior_precision), per_group(theta_sq)
+    n = torch.tensor(sizes, dtype=torch.float64, device=lam.device)
+    per_eig = torch.repeat_interleave(d, torch.tensor(sizes, device=lam.device))
+    logdet = torch.log(lam + per_eig).sum()
+    return float(-nll - 0.5 * (d * t).sum() + 0.5 * (n * torch.log(d)).sum() - 0.5 * logdet)
 
 
 def fit_prior_precision(theta_sq: float, curvature_eigs: torch.Tensor, bounds: tuple[float, float]) -> float:
@@ -146,6 +164,14 @@ def fit_prior_precision(theta_sq: float, curvature_eigs: torch.Tensor, bounds: t
     return math.exp(u)
 
 
+def _is_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        or (isinstance(value, torch.Tensor) and value.ndim == 0)
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # shared machinery
 # --------------------------------------------------------------------------------------------
@@ -160,35 +186,95 @@ class _Laplace:
         model: nn.Module,
         loss_fn: Any,
         data: Any,
-        prior_precision: float,
         params: Any,
         likelihood: str | None = None,
         **kw,
     ):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        check_positive("prior_precision", prior_precision)
         self.likelihood = _likelihood(loss_fn) if likelihood is None else likelihood
         self.model = model
         self.objective = Objective(model, loss_fn, data, params=params, mode="eval", **kw)
-        self.prior_precision = float(prior_precision)
+
+    # ---------------------------------------------------------------- the prior
+    def _set_prior(self, prior_precision: Any, groups: list[tuple[str, torch.Tensor]]) -> None:
+        """The prior's groups (name, positions in the flat parameter vector), in the order of
+        :meth:`_curvature_eigs`, and the prior precision (one number, or one per group)."""
+        self.prior_groups = [name for name, _ in groups]
+        self._group_index = [idx for _, idx in groups]
+        self._group_sizes = [int(idx.numel()) for idx in self._group_index]
+        flat = self.objective.flat_params().detach().to(torch.float64)
+        self._theta_sq_groups = torch.stack([flat[idx].square().sum() for idx in self._group_index]).cpu()
+        self.theta_sq = float(self._theta_sq_groups.sum())
+        d = self._prior(prior_precision)  # validated here, at the public boundary
+        self.prior_precision = float(prior_precision) if _is_number(prior_precision) else d
+
+    def _prior(self, prior_precision: Any = None) -> torch.Tensor:
+        """``[G]`` float64: one prior precision per group, from a number or one value per group."""
+        d = self.prior_precision if prior_precision is None else prior_precision
+        groups = len(self.prior_groups)
+        if _is_number(d):
+            check_positive("prior_precision", float(d))
+            return torch.full((groups,), float(d), dtype=torch.float64)
+        t = torch.as_tensor(d, dtype=torch.float64).detach().cpu() if not isinstance(d, str) else None
+        if t is None or t.ndim != 1 or t.numel() != groups or not bool((t > 0).all() and t.isfinite().all()):
+            shown = ", ".join(self.prior_groups[:4]) + (", ..." if groups > 4 else "")
+            raise ValueError(
+                f"prior_precision must be a number > 0 or {groups} numbers > 0, one per group of "
+                f"prior_groups ({shown}); got {d!r}"
+            )
+        return t.clone()
+
+    def _prior_per_position(self, prior_precision: Any = None) -> torch.Tensor:
+        """``[P]``: each parameter's prior precision (the objective's parameter order)."""
+        obj = self.objective
+        d = self._prior(prior_precision).to(dtype=obj.dtype, device=obj.device)
+        out = torch.empty(obj.num_params, dtype=obj.dtype, device=obj.device)
+        for value, idx in zip(d, self._group_index):
+            out[idx] = value
+        return out
+
+    def _prior_per_eigenvalue(self, prior_precision: Any = None) -> torch.Tensor:
+        """``[P]``: the prior precision of each of :meth:`_curvature_eigs`' eigenvalues."""
+        eigs = self._curvature_eigs()
+        d = self._prior(prior_precision).to(dtype=eigs.dtype, device=eigs.device)
+        return torch.repeat_interleave(d, torch.tensor(self._group_sizes, device=eigs.device))
 
     # ---------------------------------------------------------------- evidence
     def _curvature_eigs(self) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def log_marginal_likelihood(self, prior_precision: float | None = None) -> float:
-        """Laplace log evidence at ``prior_precision`` (default: the current one); see
-        :func:`log_marginal_likelihood`."""
-        d = self.prior_precision if prior_precision is None else prior_precision
-        check_positive("prior_precision", d)
-        return log_marginal_likelihood(self.nll, self.theta_sq, self._curvature_eigs(), float(d))
+    def log_marginal_likelihood(self, prior_precision: Any = None) -> float:
+        """Laplace log evidence at ``prior_precision`` (default: the current one; a number or one
+        per group of ``prior_groups``); see :func:`log_marginal_likelihood`."""
+        d = self._prior(prior_precision)
+        return log_marginal_likelihood(
+            self.nll, self._theta_sq_groups, self._curvature_eigs(), d, self._group_sizes
+        )
 
-    def optimize_prior_precision(self, bounds: tuple[float, float] = (1e-8, 1e8)) -> float:
-        """Set ``prior_precision`` to the maximiser of the log evidence in ``bounds``; return it."""
+    def optimize_prior_precision(
+        self, bounds: tuple[float, float] = (1e-8, 1e8), layerwise: bool = False
+    ) -> float | torch.Tensor:
+        """Set ``prior_precision`` to the maximiser of the log evidence in ``bounds`` and return it:
+        one number, or with ``layerwise=True`` one per group of ``prior_groups`` (laplace-torch's
+        per-layer prior).  The evidence is a sum of one term per group, each depending on its own
+        ``delta_g`` only (:func:`log_marginal_likelihood`), so each group's maximiser is the 1-D
+        root of :func:`fit_prior_precision` on the group's eigenvalues and ``||theta*_g||^2``."""
         if not (isinstance(bounds, (tuple, list)) and len(bounds) == 2 and 0 < bounds[0] < bounds[1]):
             raise ValueError(f"bounds must be (low, high) with 0 < low < high, got {bounds!r}")
-        self.prior_precision = fit_prior_precision(self.theta_sq, self._curvature_eigs(), tuple(bounds))
+        eigs = self._curvature_eigs()
+        if not layerwise:
+            self.prior_precision = fit_prior_precision(self.theta_sq, eigs, tuple(bounds))
+            return self.prior_precision
+        fitted = []
+        for name, theta_sq, lam in zip(
+            self.prior_groups, self._theta_sq_groups, torch.split(eigs, self._group_sizes)
+        ):
+            try:
+                fitted.append(fit_prior_precision(float(theta_sq), lam, tuple(bounds)))
+            except ValueError as exc:
+                raise ValueError(f"group {name!r}: {exc}") from None
+        self.prior_precision = torch.tensor(fitted, dtype=torch.float64)
         return self.prior_precision
 
     def _jacobian(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,7 +376,8 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
         loss_fn: ``nn.CrossEntropyLoss()`` or ``nn.BCEWithLogitsLoss()`` (the reduction is ignored:
             the Laplace approximation uses the summed negative log-likelihood).
         data: one ``(inputs, targets)`` batch or a re-iterable of batches (the training set).
-        prior_precision: ``delta`` (see :meth:`optimize_prior_precision`).
+        prior_precision: ``delta``: a number, or one per selected parameter tensor (``prior_groups``,
+            laplace-torch's per-layer prior); see :meth:`optimize_prior_precision`.
         params: which weights (the :class:`landscape.Objective` selection; default all).
         chunk_size: examples per vectorised Jacobian block / per backward pass (``None``: a whole
             batch).
@@ -307,7 +394,7 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
         model: nn.Module,
         loss_fn: Any,
         data: Any,
-        prior_precision: float = 1.0,
+        prior_precision: float | Sequence[float] | torch.Tensor = 1.0,
         *,
         params: Any = None,
         chunk_size: int | None = None,
@@ -319,9 +406,7 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
         progress: bool = False,
     ) -> None:
         check_choice("curvature", curvature, ("per_example", "jacobian"))
-        self._setup(
-            model, loss_fn, data, prior_precision, params, dtype=dtype, device=device, progress=progress
-        )
+        self._setup(model, loss_fn, data, params, dtype=dtype, device=device, progress=progress)
         if chunk_size is not None:
             check_positive("chunk_size", chunk_size, integer=True)
         self.chunk_size = chunk_size
@@ -355,7 +440,9 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
                     diag += torch.einsum("b,bp->p", lam[:, 0, 0], J[:, 0].square())
         self.ggn_diagonal = diag
         self.nll = nll
-        self.theta_sq = float(obj.flat_params().square().sum())
+        starts = torch.tensor([0] + [p.numel() for p in self._model_params]).cumsum(0).tolist()
+        ranges = [torch.arange(a, b, device=obj.device) for a, b in zip(starts[:-1], starts[1:])]
+        self._set_prior(prior_precision, list(zip(obj.param_names, ranges)))
         self.config = {
             "kind": "diag_laplace",
             "likelihood": self.likelihood,
@@ -415,7 +502,7 @@ class DiagLaplace(_Laplace, DiagonalGaussianPosterior):
 
     def posterior_variance(self) -> torch.Tensor:
         """``1 / (diag(G) + delta)`` as a flat ``[P]`` vector (the objective's parameter order)."""
-        return 1.0 / (self.ggn_diagonal + self.prior_precision)
+        return 1.0 / (self.ggn_diagonal + self._prior_per_position())
 
     def posterior_std(self) -> dict[torch.Tensor, torch.Tensor]:
         """Per selected model parameter, ``sqrt(1 / (diag(G) + delta))`` (for :meth:`sample`)."""
@@ -486,7 +573,7 @@ class LastLayerLaplace(_Laplace):
         model: nn.Module,
         loss_fn: Any,
         data: Any,
-        prior_precision: float = 1.0,
+        prior_precision: float | Sequence[float] | torch.Tensor = 1.0,
         *,
         last_layer: Any = None,
         dtype: torch.dtype | None = None,
@@ -497,9 +584,7 @@ class LastLayerLaplace(_Laplace):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         name, layer = _find_last_linear(model, last_layer)
         self.layer = layer
-        self._setup(
-            model, loss_fn, data, prior_precision, layer, dtype=dtype, device=device, progress=progress
-        )
+        self._setup(model, loss_fn, data, layer, dtype=dtype, device=device, progress=progress)
         obj = self.objective
         self.param_names = list(obj.param_names)
         self.num_params = obj.num_params
@@ -520,7 +605,8 @@ class LastLayerLaplace(_Laplace):
         self.ggn = 0.5 * (self.ggn + self.ggn.T)
         self._eigvals, self._eigvecs = torch.linalg.eigh(self.ggn)
         self.nll = nll
-        self.theta_sq = float(obj.flat_params().square().sum())
+        # one group: the eigenvectors of the full G mix the weight and the bias
+        self._set_prior(prior_precision, [(name, torch.arange(self.num_params, device=obj.device))])
         self.config = {
             "kind": "last_layer_laplace",
             "likelihood": self.likelihood,
@@ -567,10 +653,9 @@ class LastLayerLaplace(_Laplace):
     def _curvature_eigs(self) -> torch.Tensor:
         return self._eigvals
 
-    def posterior_covariance(self, prior_precision: float | None = None) -> torch.Tensor:
+    def posterior_covariance(self, prior_precision: Any = None) -> torch.Tensor:
         """``(G + delta I)^-1`` ``[P, P]`` in the parameter order (``param_names``)."""
-        d = self.prior_precision if prior_precision is None else prior_precision
-        check_positive("prior_precision", d)
+        d = float(self._prior(prior_precision)[0])
         V, lam = self._eigvecs, self._eigvals.clamp_min(0.0)
         return (V / (lam + d)) @ V.T
 
@@ -643,7 +728,9 @@ class KronLaplace(_Laplace):
         loss_fn: ``nn.CrossEntropyLoss()``, ``nn.BCEWithLogitsLoss()`` or ``nn.MSELoss()`` (its
             reduction is ignored: the Laplace approximation uses the summed negative log-likelihood).
         data: one ``(inputs, targets)`` batch or a re-iterable of batches (the training set).
-        prior_precision: ``delta`` (a scalar; see :meth:`optimize_prior_precision`).
+        prior_precision: ``delta``: a number, or one per block (``prior_groups``: the blocks' names;
+            with ``separate_bias=True`` one per parameter tensor, laplace-torch's per-layer prior),
+            added exactly in each block's eigenbasis; see :meth:`optimize_prior_precision`.
         params: which weights (the :class:`landscape.Objective` selection; default all).
         sigma_noise: the Gaussian likelihood's noise standard deviation (``nn.MSELoss`` only).
         separate_bias: ``True`` (default): a layer's weight and bias are two blocks (laplace-torch);
@@ -662,7 +749,7 @@ class KronLaplace(_Laplace):
         model: nn.Module,
         loss_fn: Any,
         data: Any,
-        prior_precision: float = 1.0,
+        prior_precision: float | Sequence[float] | torch.Tensor = 1.0,
         *,
         params: Any = None,
         sigma_noise: float = 1.0,
@@ -689,9 +776,7 @@ class KronLaplace(_Laplace):
         self.chunk_size = chunk_size
         self.sigma_noise = float(sigma_noise)
         sum_loss = _SUM_LOSSES[lik](reduction="sum")
-        self._setup(
-            model, sum_loss, data, prior_precision, params, lik, dtype=dtype, device=device, progress=progress
-        )
+        self._setup(model, sum_loss, data, params, lik, dtype=dtype, device=device, progress=progress)
         obj = self.objective
         try:
             self.kfac = kfac(obj, kfac_approx=kfac_approx, separate_bias=separate_bias)
@@ -709,7 +794,7 @@ class KronLaplace(_Laplace):
             self._eigs.append((b, lg, qg, la, qa))
         self.generator, self.seed = resolve_generator(seed, generator, obj.device)
         self.nll, self._outputs = self._nll()
-        self.theta_sq = float(obj.flat_params().square().sum())
+        self._set_prior(prior_precision, [(b.name, b.index) for b, *_ in self._eigs])
         self.config = {
             "kind": "kron_laplace",
             "likelihood": lik,
@@ -748,14 +833,12 @@ class KronLaplace(_Laplace):
     def _curvature_eigs(self) -> torch.Tensor:
         return torch.cat([self._grid(lg, la).reshape(-1) for _, lg, _, la, _ in self._eigs])
 
-    def _blocks(self, exponent: float, prior_precision: float | None = None) -> list:
+    def _blocks(self, exponent: float, prior_precision: Any = None) -> list:
         """``P^exponent`` per block in the eigenbasis form of :class:`KroneckerBlock`."""
         from landscape.curvature.kronecker import KroneckerBlock
 
-        d = self.prior_precision if prior_precision is None else prior_precision
-        check_positive("prior_precision", d)
         out = []
-        for b, lg, qg, la, qa in self._eigs:
+        for (b, lg, qg, la, qa), d in zip(self._eigs, self._prior(prior_precision).tolist()):
             den = self._grid(lg, la).clamp_min(0.0) + d
             out.append(
                 KroneckerBlock(
@@ -773,22 +856,19 @@ class KronLaplace(_Laplace):
             out[b.index] = b.apply(M).reshape(k, -1).T
         return out
 
-    def posterior_precision(self, prior_precision: float | None = None) -> torch.Tensor:
-        """``s (G kron A) + delta I`` as a dense ``[P, P]`` matrix (for small models and checks)."""
-        d = self.prior_precision if prior_precision is None else prior_precision
-        check_positive("prior_precision", d)
+    def posterior_precision(self, prior_precision: Any = None) -> torch.Tensor:
+        """``s (G kron A) + diag(delta)`` as a dense ``[P, P]`` matrix (for small models and checks)."""
         K = self.kfac.to_dense() * self._scale
-        return K + d * torch.eye(K.shape[0], dtype=K.dtype, device=K.device)
+        return K + torch.diag(self._prior_per_position(prior_precision).to(K.dtype))
 
-    def posterior_covariance(self, prior_precision: float | None = None) -> torch.Tensor:
+    def posterior_covariance(self, prior_precision: Any = None) -> torch.Tensor:
         """The posterior covariance ``P^-1`` as a dense ``[P, P]`` matrix (from the eigenbasis)."""
         eye = torch.eye(self.num_params, dtype=self.objective.dtype, device=self.objective.device)
         return self._apply(self._blocks(-1.0, prior_precision), eye)
 
-    def log_det_posterior_precision(self, prior_precision: float | None = None) -> float:
-        """``log det P = sum_blocks sum_ij log(s l_G,i l_A,j + delta)`` (exact for the prior)."""
-        d = self.prior_precision if prior_precision is None else prior_precision
-        check_positive("prior_precision", d)
+    def log_det_posterior_precision(self, prior_precision: Any = None) -> float:
+        """``log det P = sum_blocks sum_ij log(s l_G,i l_A,j + delta_block)`` (exact for the prior)."""
+        d = self._prior_per_eigenvalue(prior_precision)
         return float(torch.log(self._curvature_eigs().clamp_min(0.0) + d).sum())
 
     def sample(
