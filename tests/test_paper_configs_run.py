@@ -3,14 +3,15 @@ real formats of its data (tests/synthetic_files.py): each method of the config t
 evaluated, and every run writes finite metrics; the table of a sweep is drawn.
 
 What the CPU version leaves out, for time: the sharpness measures other than the adversarial
-robustness curve of Fisher-SAM Fig. 4; batches of 16 examples; 2 posterior samples, MC-Dropout
-passes and ensemble members; CIFAR-10-C severities 1 and 5; the check on a growing loss (random
-labels and two steps say nothing about it; a NaN still fails); every sweep at one value, the
-config's own network or else the first (each value is built and checked on the meta device by
-tests/test_papers_page.py); image sets at 32 px (the ViTs with 32-px position embeddings);
-PreResNet-164, WRN-28-k, PyramidNet-272 and ResNet-152 at a small depth of their family (SHRUNK);
-a user checkpoint replaced by the seeded model's own weights written to a file; a tiny BERT for
-bert-base-uncased.
+robustness curve of Fisher-SAM Fig. 4 (at its smallest and largest radius); batches of 16
+examples; budget 0.01 or less, so that a run has at most 2 epochs (PyramidNet's 900 epochs would
+keep 9 at 0.01); 2 posterior samples, MC-Dropout passes and ensemble members; CIFAR-10-C
+severities 1 and 5; the check on a growing loss (random labels and two steps say nothing about
+it; a NaN still fails); every sweep at one value, the config's own network or else the first (each
+value is built and checked on the meta device by tests/test_papers_page.py); image sets at 32 px
+(the ViTs with 32-px position embeddings); PreResNet-164, WRN-28-k, PyramidNet-272 and ResNet-152
+at a small depth of their family (SHRUNK); a user checkpoint replaced by the seeded model's own
+weights written to a file; a tiny BERT for bert-base-uncased.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ def _toml(value) -> str:
     return json.dumps(value)  # a JSON string / number / list / table of strings is TOML too
 
 
+def _budget(cfg: dict) -> float:
+    """0.01, or less where a run of the config has more than 200 epochs (the config's or a method's
+    own ``epochs``): at most 2 epochs after the budget (experiments.budget rounds up)."""
+    epochs = max(cfg["train"]["epochs"], *(m["epochs"] for m in cfg["methods"]))
+    return min(0.01, (2 - 1e-9) / epochs)
+
+
 def _overrides(name: str, tmp: Path) -> list[str]:
     cfg = load_config(ROOT / "configs" / f"{name}.toml")
     rng = np.random.default_rng(0)
@@ -66,7 +74,7 @@ def _overrides(name: str, tmp: Path) -> list[str]:
     out = [
         f"out_dir={tmp / 'runs'}",
         f"seeds=[{cfg['seeds'][0]}]",
-        "budget=0.01",
+        f"budget={_budget(cfg)!r}",
         f"data.name={prefix}:{data_dir}",
         "device=cpu",
         "progress=false",
@@ -82,6 +90,9 @@ def _overrides(name: str, tmp: Path) -> list[str]:
                 out.append(f"methods.{m['name']}.{table}.{key}=2")
     kept = [m for m in cfg["evaluation"]["sharpness"] if m == "perturbation_robustness"]
     out.append(f"evaluation.sharpness={_toml(kept)}")
+    alphas = cfg["evaluation"]["sharpness_options"].get("perturbation_robustness", {}).get("alphas")
+    if kept and alphas:  # the curve at its smallest and largest radius (Fig. 4 has 12)
+        out.append(f"evaluation.sharpness_options.perturbation_robustness.alphas=[{alphas[0]}, {alphas[-1]}]")
     if cfg["sweep"]:  # one value: the config's own network where the sweep lists it, else the first
         chosen = {k: cfg["model"]["name"] if k == "model.name" and cfg["model"]["name"] in v else v[0]
                   for k, v in cfg["sweep"].items()}  # fmt: skip
