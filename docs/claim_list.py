@@ -865,8 +865,8 @@ CLAIMS = [
         id="figures_readme.bsam_fig3_exact_marginals",
         source="docs/figures/bsam_fig3.json",
         values={
-            "a": lambda d: math.sqrt(d["exact"]["cov"][0][0]),
-            "b": lambda d: math.sqrt(d["exact"]["cov"][1][1]),
+            "a": claim_list_guide.exact_std(0),
+            "b": claim_list_guide.exact_std(1),
             "r": _correlation,
         },
         quote="The exact marginals are ({a:.2f}, {b:.2f}) with correlation {r:.2f}",

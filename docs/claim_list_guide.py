@@ -102,7 +102,8 @@ def _basin_values() -> dict[str, Any]:
     return values
 
 
-def _exact_std(i: int):
+def exact_std(i: int):
+    """The exact posterior's marginal standard deviation ``i`` of a bSAM Fig. 3 JSON."""
     return lambda d: math.sqrt(d["exact"]["cov"][i][i])
 
 
@@ -213,7 +214,7 @@ CLAIMS: list[Claim] = [
     Claim(
         id="toy_methods.bsam_fig3_exact_std",
         source="docs/figures/bsam_fig3.json",
-        values={"ex": _exact_std(0), "ey": _exact_std(1)},
+        values={"ex": exact_std(0), "ey": exact_std(1)},
         quote="the exact marginal standard deviations are ({ex:.2f}, {ey:.2f})",
         files=TOY_METHODS,
         inputs=BSAM_FIG,

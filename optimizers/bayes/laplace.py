@@ -165,11 +165,8 @@ def fit_prior_precision(theta_sq: float, curvature_eigs: torch.Tensor, bounds: t
 
 
 def _is_number(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        or (isinstance(value, torch.Tensor) and value.ndim == 0)
-    )
+    plain = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return plain or (isinstance(value, torch.Tensor) and value.ndim == 0)
 
 
 # --------------------------------------------------------------------------------------------
