@@ -143,23 +143,31 @@ def superglue(root: Path, rng: np.random.Generator, n_train: int = 12, n_val: in
     return root
 
 
-def tiny_bert(root: Path, seed: int = 0) -> Path:
-    """A one-layer BERT (hidden size 8) with a WordPiece tokenizer over :data:`VOCAB`, saved as a
-    local Hugging Face directory (safetensors), like a user's ``bert-base-uncased`` download."""
+def tiny_bert_config(vocab: list[str] = VOCAB, num_labels: int = 2, **overrides):
+    """A one-layer BERT's configuration (hidden size 8, two heads) over ``vocab``."""
+    import transformers
+
+    settings = dict(
+        vocab_size=len(vocab), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=16, max_position_embeddings=128, num_labels=num_labels,
+    )  # fmt: skip
+    return transformers.BertConfig(**{**settings, **overrides})
+
+
+def tiny_bert(root: Path, seed: int = 0, vocab: list[str] = VOCAB, **overrides) -> Path:
+    """A :func:`tiny_bert_config` BERT with a WordPiece tokenizer over ``vocab``, saved as a local
+    Hugging Face directory (safetensors), like a user's ``bert-base-uncased`` download."""
     import torch
     import transformers
 
     root.mkdir(parents=True, exist_ok=True)
-    (root / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(root / "vocab.txt"), do_lower_case=True)
     tokenizer.save_pretrained(root)
-    cfg = transformers.BertConfig(
-        vocab_size=len(VOCAB), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=16, max_position_embeddings=128, num_labels=2,
-    )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        transformers.BertForSequenceClassification(cfg).save_pretrained(root, safe_serialization=True)
+        model = transformers.BertForSequenceClassification(tiny_bert_config(vocab, **overrides))
+        model.save_pretrained(root, safe_serialization=True)
     return root
 
 

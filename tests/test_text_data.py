@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 from landscape.data import load_dataset  # noqa: E402
 from landscape.data.text import TEXT_MODEL_ENV, load_superglue  # noqa: E402
 from landscape.models import count_parameters, model_factory  # noqa: E402
+from tests.synthetic_files import tiny_bert, tiny_bert_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ":", "?", "."] + (
@@ -58,33 +59,19 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+#: the tiny BERT of these tests: positions for 64 tokens, eager attention
+BERT = {"max_position_embeddings": 64, "attn_implementation": "eager"}
+
+
 def _tiny_bert(num_labels: int = 2):
-    cfg = transformers.BertConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=8,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=16,
-        max_position_embeddings=64,
-        num_labels=num_labels,
-        attn_implementation="eager",
-    )
-    return cfg
+    return tiny_bert_config(VOCAB, num_labels, **BERT)
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("superglue")
-    model = tmp / "bert"
-    model.mkdir()
-    (tmp / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    tok = transformers.BertTokenizerFast(vocab_file=str(tmp / "vocab.txt"), do_lower_case=True)
-    tok.save_pretrained(model)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        transformers.BertForSequenceClassification(_tiny_bert()).save_pretrained(
-            model, safe_serialization=True
-        )
+    model = tiny_bert(tmp / "bert", vocab=VOCAB, **BERT)
+    tok = transformers.BertTokenizerFast.from_pretrained(model)
     _jsonl(tmp / "RTE" / "train.jsonl", RTE)
     val = [
         {"premise": "the cat ran.", "hypothesis": "the cat did run.", "label": "entailment", "idx": 0},

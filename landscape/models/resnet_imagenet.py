@@ -24,38 +24,12 @@ from torch import nn
 
 from landscape.models.layers import check_dropout, maybe_dropout
 from landscape.models.norms import check_norm, make_norm
+from landscape.models.resnext import ResNeXtBlock
 
 #: blocks per stage, He et al. 2016, Table 1
 BOTTLENECK_LAYOUTS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
-
-
-class Bottleneck(nn.Module):
-    """Post-activation bottleneck block with expansion 4, stride on the 3x3 convolution."""
-
-    expansion = 4
-
-    def __init__(self, cin: int, planes: int, stride: int, norm: str):
-        super().__init__()
-        cout = planes * self.expansion
-        self.branch = nn.Sequential(
-            nn.Conv2d(cin, planes, 1, bias=False),
-            make_norm(norm, planes),
-            nn.ReLU(),
-            nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False),
-            make_norm(norm, planes),
-            nn.ReLU(),
-            nn.Conv2d(planes, cout, 1, bias=False),
-            make_norm(norm, cout),
-        )
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride=stride, bias=False), make_norm(norm, cout)
-            )
-        self.act = nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.branch(x) + self.shortcut(x))
+#: output width of a bottleneck block over its inner width
+EXPANSION = 4
 
 
 class ImageNetResNet(nn.Module):
@@ -85,9 +59,10 @@ class ImageNetResNet(nn.Module):
         cin = 64
         for stage, n in enumerate(blocks):
             planes = 64 * 2**stage
-            for b in range(n):
-                layers.append(Bottleneck(cin, planes, 2 if (stage > 0 and b == 0) else 1, norm))
-                cin = planes * Bottleneck.expansion
+            for b in range(n):  # He et al.'s bottleneck: Xie et al.'s block with one group
+                stride = 2 if (stage > 0 and b == 0) else 1
+                layers.append(ResNeXtBlock(cin, planes, planes * EXPANSION, stride, 1, norm))
+                cin = planes * EXPANSION
         self.layers = nn.Sequential(*layers)
         self.drop = maybe_dropout(dropout)
         self.head = nn.Linear(cin, num_classes)

@@ -31,7 +31,9 @@ from landscape.models.norms import check_norm, make_norm
 
 
 class ResNeXtBlock(nn.Module):
-    """Aggregated-transformation bottleneck (Xie et al. 2017, Fig. 3(c)); module docstring."""
+    """Aggregated-transformation bottleneck (Xie et al. 2017, Fig. 3(c)); module docstring.  With
+    ``cardinality=1`` it is He et al.'s post-activation bottleneck (stride on the 3x3 convolution),
+    the block of :mod:`landscape.models.resnet_imagenet`."""
 
     def __init__(self, cin: int, inner: int, cout: int, stride: int, cardinality: int, norm: str):
         super().__init__()
