@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from experiments.config import ConfigError, resolve_config
-from experiments.parallel import DistContext
-from experiments.runner import plan_runs
 from experiments.train import Trainer
+from tests.runner_helpers import cpu_trainer, planned_run
 
 METHODS = {
     "sgd": {"optimizer": "sgd"},
@@ -47,9 +46,9 @@ def _trainer(tmp_path, method: dict, compile_mode: str, **train) -> Trainer:
         "methods": [{"name": "m", **method}],
         "evaluation": {"every": 0, "sharpness": []},
     }
-    cfg = plan_runs(resolve_config(raw))[0].cfg
+    run = planned_run(resolve_config(raw))
     run_dir = tmp_path / f"{compile_mode}-{method['optimizer']}"
-    return Trainer(cfg, run_dir, seed=0, device=torch.device("cpu"), ctx=DistContext(), fingerprint="t")
+    return cpu_trainer(run, run_dir, seed=0)
 
 
 @pytest.mark.parametrize("key", list(METHODS))

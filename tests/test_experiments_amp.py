@@ -13,11 +13,10 @@ from torch.nn.utils import parameters_to_vector
 
 from experiments import divergence as dv
 from experiments.config import load_config
-from experiments.parallel import DistContext
-from experiments.runner import plan_runs
 from experiments.train import Trainer
 from landscape.models import model_factory
 from optimizers.amp import LossScaler
+from tests.runner_helpers import cpu_trainer, planned_run
 
 CONFIG = """
 name = "amp"
@@ -55,10 +54,7 @@ def trainer(tmp: Path, method: str, *overrides: str) -> Trainer:
     path = tmp / "amp.toml"
     path.write_text(CONFIG)
     cfg = load_config(path, [f"out_dir={tmp / 'runs' / '_'.join((method, *overrides))}", *overrides])
-    run = next(r for r in plan_runs(cfg) if r.method == method)
-    return Trainer(
-        run.cfg, run.run_dir, seed=0, device=torch.device("cpu"), ctx=DistContext(), fingerprint="t"
-    )
+    return cpu_trainer(planned_run(cfg, method), seed=0)
 
 
 def weights(t: Trainer) -> torch.Tensor:

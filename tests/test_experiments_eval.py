@@ -21,12 +21,12 @@ from experiments.config import ConfigError, load_config, resolve_config
 from experiments.data import SUBSET_SEED
 from experiments.ensembles import predict_probs
 from experiments.evaluate import _corruption_sets, _corruption_table, evaluate_run
-from experiments.parallel import DistContext
 from experiments.runner import plan_runs
 from experiments.train import Trainer
 from landscape import load_result
 from landscape.data import load_digits
 from landscape.models import model_factory
+from tests.runner_helpers import cpu_trainer, planned_run
 
 CONFIG = """
 name = "ev"
@@ -65,10 +65,7 @@ def config(tmp: Path, text: str = CONFIG) -> Path:
 
 def trainer(tmp: Path, *overrides: str, text: str = CONFIG) -> Trainer:
     cfg = load_config(config(tmp, text), [f"out_dir={tmp / 'runs'}", *overrides])
-    run = plan_runs(cfg)[0]
-    return Trainer(
-        run.cfg, run.run_dir, seed=0, device=torch.device("cpu"), ctx=DistContext(), fingerprint="e"
-    )
+    return cpu_trainer(planned_run(cfg), seed=0, fingerprint="e")
 
 
 def probs_of(model: nn.Module, x: torch.Tensor) -> np.ndarray:

@@ -20,13 +20,13 @@ from experiments.cli import main
 from experiments.config import ConfigError, load_config
 from experiments.evaluate import evaluate_run
 from experiments.parallel import DistContext
-from experiments.runner import plan_runs
 from experiments.train import BAYES_SEED_OFFSET, OPT_SEED_OFFSET, Trainer
 from landscape.data import load_digits
 from landscape.models import model_factory
 from optimizers import VOGN, FlatSGVB, convert_to_bayesian, mc_dropout_predict
 from optimizers.bayes import kl_divergence
 from optimizers.bayes.sgvb import bayes_layers
+from tests.runner_helpers import cpu_trainer, planned_run
 
 CONFIG = """
 name = "bm"
@@ -65,8 +65,7 @@ def trainer(tmp: Path, *overrides: str, ctx: DistContext | None = None) -> Train
     path = tmp / "bm.toml"
     path.write_text(CONFIG)
     cfg = load_config(path, [f"out_dir={tmp / 'runs'}", *overrides])
-    run = plan_runs(cfg)[0]
-    return Trainer(run.cfg, run.run_dir, seed=0, device=CPU, ctx=ctx or DistContext(), fingerprint="m")
+    return cpu_trainer(planned_run(cfg), seed=0, ctx=ctx, fingerprint="m")
 
 
 def batches(n: int, bs: int, epochs: int, seed: int = 0):

@@ -24,11 +24,10 @@ import experiments.divergence as dv
 import experiments.train as train_mod
 from experiments.cli import main
 from experiments.config import resolve_config
-from experiments.members import EnsembleTrainer
-from experiments.parallel import DistContext
 from experiments.runner import plan_runs
 from experiments.train import Trainer
 from landscape.cli_common import Terminated, sigterm_raises_interrupt
+from tests.runner_helpers import cpu_trainer
 
 STEPS = 6  # ceil(1438 / 256)
 CPU = torch.device("cpu")
@@ -64,8 +63,7 @@ def _raw(tmp: Path, method: dict[str, Any], epochs: int = 2, log_every: int = 0)
 
 def _trainer(tmp: Path, method: dict[str, Any], **kw: Any) -> Any:
     (run,) = plan_runs(resolve_config(_raw(tmp, method, **kw)))
-    cls = EnsembleTrainer if run.cfg["methods"][0]["ensemble"] else Trainer
-    return cls(run.cfg, run.run_dir, seed=run.seed, device=CPU, ctx=DistContext(), fingerprint="mid")
+    return cpu_trainer(run, fingerprint="mid")
 
 
 def _stop_at(step: int, hook_calls: list[int] | None = None):

@@ -39,9 +39,9 @@ import torch
 from experiments.budget import apply_budget
 from experiments.config import load_config
 from experiments.divergence import Diverged
-from experiments.parallel import DistContext
 from experiments.runner import plan_runs
 from experiments.train import Trainer
+from tests.runner_helpers import cpu_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 FSAM = ROOT / "configs" / "fsam_cifar10_label_noise.toml"
@@ -84,8 +84,7 @@ def _synthetic_cifar(root: Path, num_classes: int) -> tuple[Path, np.ndarray]:
 
 
 def _trainer(run, tmp: Path) -> Trainer:
-    cpu = torch.device("cpu")
-    return Trainer(run.cfg, tmp / run.method, seed=run.seed, device=cpu, ctx=DistContext(), fingerprint="t")
+    return cpu_trainer(run, tmp / run.method)
 
 
 def _cosine_lr(step: int, total_steps: int) -> float:
@@ -223,9 +222,7 @@ def _miniature_history(overrides: list[str] = ()) -> tuple[Trainer, list[dict]]:
     torch.set_num_threads(1)
     try:
         with tempfile.TemporaryDirectory() as d:
-            t = Trainer(
-                run.cfg, Path(d), seed=1, device=torch.device("cpu"), ctx=DistContext(), fingerprint="t"
-            )
+            t = cpu_trainer(run, Path(d), seed=1)
             t.fit()
     finally:
         torch.set_num_threads(threads)

@@ -25,7 +25,9 @@ COMMAND_WORDS = ("pip ", "python ", "sharpscape ", "streamlit ", "mkdocs ", "bas
 _DASHBOARD = "tests/test_wheel_dashboard.py"
 _CLI = "tests/test_command_line.py"
 _DIGITS = ("tests/test_readme_commands.py", "test_digits_experiment_and_table_run_as_written")
-_TEST_LINE = 'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q -n auto --dist loadfile'
+_TEST_LINE = (
+    'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q -n auto --dist loadfile'
+)
 
 #: README command -> the tests that run it: (test file, test function, a string its source holds), or
 #: (".ci/run", None, the line CI runs verbatim)

@@ -32,6 +32,7 @@ from experiments.train import Trainer, build_model
 from landscape.data import load_digits
 from landscape.models import model_factory
 from optimizers.bayes.swag import SWAG
+from tests.runner_helpers import cpu_trainer, planned_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -70,8 +71,7 @@ def _cfg(tmp: Path, *overrides: str) -> dict:
 
 
 def _trainer(tmp: Path, *overrides: str) -> Trainer:
-    run = plan_runs(_cfg(tmp, *overrides))[0]
-    return Trainer(run.cfg, run.run_dir, seed=0, device=CPU, ctx=DistContext(), fingerprint="pp")
+    return cpu_trainer(planned_run(_cfg(tmp, *overrides)), seed=0, fingerprint="pp")
 
 
 def _flat(model) -> torch.Tensor:

@@ -19,9 +19,8 @@ import experiments.logs as logs
 import experiments.train as train_mod
 from experiments.config import ConfigError, resolve_config
 from experiments.logs import StepLogger, step_scalars
-from experiments.parallel import DistContext
-from experiments.runner import plan_runs
 from experiments.train import Trainer
+from tests.runner_helpers import cpu_trainer, planned_run
 
 
 def _raw(tmp_path, **train):
@@ -49,10 +48,10 @@ def _raw(tmp_path, **train):
 
 
 def _trainer(tmp_path, log_every: int) -> Trainer:
-    cfg = plan_runs(resolve_config(_raw(tmp_path, log_every=log_every)))[0].cfg
+    run = planned_run(resolve_config(_raw(tmp_path, log_every=log_every)))
     run_dir = tmp_path / f"every{log_every}"
     run_dir.mkdir()
-    return Trainer(cfg, run_dir, seed=0, device=torch.device("cpu"), ctx=DistContext(), fingerprint="t")
+    return cpu_trainer(run, run_dir, seed=0)
 
 
 def _records(trainer: Trainer) -> list[dict]:

@@ -36,10 +36,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import experiments.divergence as dv
 from experiments.config import resolve_config
 from experiments.methods import available_methods
-from experiments.parallel import DistContext
 from experiments.runner import plan_runs
 from experiments.train import Trainer
 from optimizers.step_protocol import SplitProtocol
+from tests.runner_helpers import cpu_trainer
 
 READS = {"aten._local_scalar_dense.default", "aten.is_nonzero.default"}
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,8 +187,7 @@ def _trainer(tmp: Path, name: str, entry: dict) -> Trainer:
         "evaluation": {"sharpness": [], "every": 0, "metrics": ["accuracy"]},
     }
     (run,) = plan_runs(resolve_config(raw))
-    cpu = torch.device("cpu")
-    return Trainer(run.cfg, run.run_dir, seed=0, device=cpu, ctx=DistContext(), fingerprint="t")
+    return cpu_trainer(run, seed=0)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

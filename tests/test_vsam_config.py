@@ -30,10 +30,9 @@ import torch
 from torch import nn
 
 from experiments.config import load_config
-from experiments.parallel import DistContext
-from experiments.runner import plan_runs
 from experiments.train import Trainer
 from landscape.models import count_parameters, model_factory
+from tests.runner_helpers import cpu_trainer, planned_run
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "vsam_cifar10_wrn.toml"
 RHO = 0.05
@@ -55,10 +54,7 @@ TINY = [
 
 def _trainer(method: str, tmp: Path, overrides: list[str]) -> Trainer:
     cfg = load_config(CONFIG, [*overrides, f"out_dir={tmp}"])
-    run = next(r for r in plan_runs(cfg) if r.method == method)
-    return Trainer(
-        run.cfg, run.run_dir, seed=0, device=torch.device("cpu"), ctx=DistContext(), fingerprint="t"
-    )
+    return cpu_trainer(planned_run(cfg, method), seed=0)
 
 
 def _fit(trainer: Trainer) -> tuple[list[dict[str, float]], list[float]]:
