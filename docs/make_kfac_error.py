@@ -2,7 +2,7 @@
 
     python docs/make_kfac_error.py [--out docs/figures/kfac_error.json] [--quick]   # ~2 min, 2 cores
 
-Networks on the 8x8 scikit-learn digits (``landscape.data.load_digits``; 1,437 training images),
+Networks on the 8x8 scikit-learn digits (``landscape.data.load_digits``; 1,438 training images),
 each at its seeded initialisation and after a short training (``--epochs`` of SGD with momentum,
 batch 64): a tanh MLP 64-32-10, LeNet-5 (``lenet5-digits``) and a small ResNet (``resnet`` of the
 zoo: width 8, one block per stage, BatchNorm in eval mode; its BatchNorm parameters have no
