@@ -15,7 +15,7 @@ import torch
 
 from landscape.deprecation import moved_names
 
-__all__ = ["autocast_context", "param_dtype"]
+__all__ = ["autocast_context", "param_dtype", "slow_autocast_warning"]
 
 #: the loss scaler is :mod:`optimizers.amp`'s: importable from here, with a warning, for one release
 __getattr__ = moved_names(__name__, dict.fromkeys(("LossScaler", "SkipStep"), "optimizers.amp"))
@@ -33,3 +33,26 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
     if precision == "fp16":
         return torch.autocast(device_type=device.type, dtype=torch.float16)
     return contextlib.nullcontext()
+
+
+def _native_cpu_bfloat16() -> bool:
+    """Whether this CPU has bfloat16 instructions (AVX-512 BF16 or AMX), as oneDNN reports it."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN: no fast bfloat16 either
+        return False
+
+
+def slow_autocast_warning(precision: str, device: torch.device) -> str | None:
+    """Why ``precision`` will be slow on ``device`` (``None``: it will not): ``bf16`` on a CPU without
+    bfloat16 instructions emulates every autocast convolution and matrix product (an order of
+    magnitude slower than float32 for a ResNet on an AVX2 CPU: ``tests/test_paper_configs_run.py``
+    runs Fisher-SAM Fig. 4's config in float32 on the CPU for that reason)."""
+    if precision != "bf16" or device.type != "cpu" or _native_cpu_bfloat16():
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (
+        f'precision = "bf16" on a CPU without bfloat16 instructions ({capability}): autocast convolutions '
+        'and matrix products are emulated and much slower than float32; set precision = "float32" '
+        "for CPU runs (the numbers differ from a bf16 run's by rounding only)"
+    )

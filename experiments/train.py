@@ -57,7 +57,7 @@ import torch
 from torch import nn
 
 from experiments import divergence as dv
-from experiments.amp import param_dtype
+from experiments.amp import param_dtype, slow_autocast_warning
 from experiments.budget import apply_budget
 from experiments.checkpoint import load_checkpoint, save_checkpoint
 from experiments.closures import ClosureFactory, check_sub_batches
@@ -204,6 +204,8 @@ class Trainer:
         self.progress = progress and ctx.is_main
         self.precision = self.cfg["precision"]
         self.dtype = param_dtype(self.precision)
+        if (slow := slow_autocast_warning(self.precision, device)) is not None:
+            warnings.warn(slow, RuntimeWarning, stacklevel=2)
         self.method = self.cfg["methods"][0]
         self.contract = check_run(self.cfg)
         self.data: RunData = prepare_data(self.cfg, seed) if data is None else data

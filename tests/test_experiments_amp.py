@@ -141,3 +141,27 @@ def test_cpu_autocast_sam_stays_close_to_float32_sam(tmp_path, precision, tol):
     dev = float((weights(amp) - weights(ref)).norm() / (weights(ref) - w0.detach()).norm())
     assert 0.0 < dev <= tol  # > 0: the forward pass really ran in reduced precision
     assert amp.scaler.enabled == (precision == "fp16")
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_cpu_without_bfloat16_instructions_warns_once_per_run(tmp_path, monkeypatch, native):
+    """The runner says why a bf16 run on such a CPU is slow and what to set instead; a CPU with
+    bfloat16 instructions, float32 / fp16 and a CUDA device get no warning."""
+    import warnings
+
+    from experiments import amp
+
+    monkeypatch.setattr(amp, "_native_cpu_bfloat16", lambda: native)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(tmp_path, "sam", "precision=bf16")
+        trainer(tmp_path, "sam", "precision=float32")
+    slow = [w for w in caught if "bfloat16 instructions" in str(w.message)]
+    assert len(slow) == (0 if native else 1)
+    if slow:
+        assert issubclass(slow[0].category, RuntimeWarning)
+        assert torch.backends.cpu.get_cpu_capability() in str(slow[0].message)
+        assert 'set precision = "float32"' in str(slow[0].message)
+    cuda = torch.device("cuda")
+    assert amp.slow_autocast_warning("bf16", cuda) is None
+    assert amp.slow_autocast_warning("fp16", torch.device("cpu")) is None
