@@ -8,7 +8,17 @@ import torch
 from torch import nn
 
 import landscape as ls
+from landscape.curvature import graph_split
 from tests.references import dense_hessian
+
+
+@pytest.fixture(autouse=True)
+def small_subgraphs_split(monkeypatch, request):
+    """The nets here are small: their sub-graphs are under ``MIN_SUBGRAPH_BYTES``, which the
+    ``"auto"`` rule would keep whole; the splitting itself is what these tests check (except the
+    test of that size rule, marked ``real_size_rule``)."""
+    if "real_size_rule" not in request.keywords:
+        monkeypatch.setattr(graph_split, "MIN_SUBGRAPH_BYTES", 0)
 
 
 def _conv_net(seed: int = 0) -> nn.Module:
@@ -95,6 +105,48 @@ def test_small_batches_and_parameter_heavy_models_keep_one_graph():
     op @ _probes(op.shape[0])
     cfg = op.config()
     assert cfg["graph_chunks_used"] == 1 and "small against the parameters" in cfg["graph_chunks_reason"]
+
+
+def _saved_bytes_of_first_quarter(model, x, y) -> int:
+    """What autograd saves for the gradient graph of the first of 4 sub-batches (weights included),
+    counted independently of graph_split: every distinct storage the graph holds."""
+    leaves = [p.detach().requires_grad_(True) for p in model.parameters()]
+    names = [n for n, _ in model.named_parameters()]
+    held: dict[int, int] = {}
+
+    def pack(t):
+        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    q = x.shape[0] // 4
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = torch.func.functional_call(model, dict(zip(names, leaves)), (x[:q],))
+        loss = nn.functional.cross_entropy(out, y[:q]) * q / x.shape[0]
+        torch.autograd.grad(loss, leaves, create_graph=True)
+    return sum(held.values())
+
+
+@pytest.mark.real_size_rule
+def test_sub_graphs_under_the_size_threshold_keep_one_graph(monkeypatch):
+    """``"auto"`` keeps one graph when the first sub-graph would save less than MIN_SUBGRAPH_BYTES
+        (1 MiB, the saved bytes counted here on their own) and splits the same batch once the threshold
+    is below that; the products equal the dense
+        Hessian either way."""
+    model, (x, y) = _conv_net(), _data()
+    saved = _saved_bytes_of_first_quarter(model, x, y)
+    assert saved < graph_split.MIN_SUBGRAPH_BYTES == 2**20
+    obj = ls.Objective(model, nn.CrossEntropyLoss(), (x, y))
+    H = dense_hessian(model, nn.CrossEntropyLoss(), [(x, y)])
+    V = _probes(obj.num_params)
+    op = ls.hessian(obj)
+    torch.testing.assert_close(op @ V, H @ V, rtol=1e-10, atol=1e-12)
+    cfg = op.config()
+    assert cfg["graph_chunks_used"] == 1
+    assert f"would save {saved / 2**20:.2f} MB, under 1 MB" in cfg["graph_chunks_reason"]
+    monkeypatch.setattr(graph_split, "MIN_SUBGRAPH_BYTES", saved // 2)  # below the sub-graph: split
+    op = ls.hessian(obj)
+    torch.testing.assert_close(op @ V, H @ V, rtol=1e-10, atol=1e-12)
+    assert op.config()["graph_chunks_used"] == 4 and op.config()["graph_chunks_reason"] is None
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "four"])

@@ -10,7 +10,10 @@ one sub-graph at a time (peak ``S (1 + 0.6 / k)``), at the same arithmetic.  ``g
 splits on CPU into sub-batches of at least ``GRAPH_CHUNK = 16`` examples (at most
 ``MAX_GRAPH_CHUNKS = 4``) when the first sub-graph's saved tensors (the weights among them) are at
 least three times the parameters' bytes (otherwise the ``k`` held gradients would cost more than the
-adjoints saved; the 1.9M-parameter MLP keeps one graph), and only after checking that the example
+adjoints saved; the 1.9M-parameter MLP keeps one graph) and at least ``MIN_SUBGRAPH_BYTES = 1 MiB``
+(a smaller working set fits the cache unsplit, and each sub-graph costs a backward pass of its own;
+``benchmarks/bench_graph_chunks.py`` times both sides: split, the digits MLPs' products took longer
+below that size, a small CNN's were faster above it), and only after checking that the example
 losses add up: the weighted sub-batch losses must equal the batch loss to ``8 sqrt(n) eps``; a model
 or loss that couples examples (train-mode BatchNorm, a class-weighted mean, a contrastive loss)
 keeps one graph and ``graph_chunks_reason`` says why.  A random forward (even
@@ -30,6 +33,7 @@ from landscape.inputs import _map_inputs
 
 GRAPH_CHUNK = 16  # "auto" graph splitting: examples per sub-graph, at least
 MAX_GRAPH_CHUNKS = 4
+MIN_SUBGRAPH_BYTES = 2**20  # "auto" graph splitting: saved bytes of the first sub-graph, at least
 
 
 def split_graph(op: Any, b: Any) -> tuple[list, int, str | None]:
@@ -47,12 +51,10 @@ def split_graph(op: Any, b: Any) -> tuple[list, int, str | None]:
     try:
         for part, rec in zip(parts, records):
             graphs.append(op._build_graph(*part, bufs, record=rec))
-            if op.graph_chunks == "auto" and rec is records[0] and rec["saved_bytes"] < 3 * param_bytes:
-                fallback = (
-                    f"activations small against the parameters ({rec['saved_bytes'] / 2**20:.1f} MB "
-                    f"saved per sub-graph, {param_bytes / 2**20:.1f} MB of parameters): one graph"
-                )
-                break
+            if op.graph_chunks == "auto" and rec is records[0]:
+                fallback = _too_small(rec["saved_bytes"], param_bytes)
+                if fallback is not None:
+                    break
     except Exception as err:  # noqa: BLE001 - e.g. an input that is not batch-first
         if op.graph_chunks != "auto":
             raise
@@ -63,6 +65,21 @@ def split_graph(op: Any, b: Any) -> tuple[list, int, str | None]:
         graphs.clear()  # free the sub-graphs before the whole batch's graph is built
         return [op._build_graph(x, y, w, bufs)], 1, fallback
     return graphs, k, why
+
+
+def _too_small(saved: int, param_bytes: int) -> str | None:
+    """Why a first sub-graph that saves ``saved`` bytes is not worth splitting (``None``: it is)."""
+    if saved < 3 * param_bytes:
+        return (
+            f"activations small against the parameters ({saved / 2**20:.1f} MB saved per sub-graph, "
+            f"{param_bytes / 2**20:.1f} MB of parameters): one graph"
+        )
+    if saved < MIN_SUBGRAPH_BYTES:
+        return (
+            f"a sub-graph would save {saved / 2**20:.2f} MB, under {MIN_SUBGRAPH_BYTES / 2**20:g} MB: its "
+            "working set fits the cache unsplit, and every sub-graph costs a backward pass: one graph"
+        )
+    return None
 
 
 def _losses_disagree(op: Any, b: Any, k: int, losses: list[float]) -> str | None:
