@@ -9,7 +9,7 @@ float32 for the ResNet-34 of Fig. 4 (FLOAT32_ON_CPU); budget 0.01 or less, so th
 ensemble members; CIFAR-10-C severities 1 and 5; the check on a growing loss (random labels and two
 steps say nothing about it; a NaN still fails); every sweep at one value, the config's own network
 or else the first (each value is built and checked on the meta device by tests/test_papers_page.py);
-image sets at 32 px (the ViTs with 32-px position embeddings); PreResNet-164, WRN-28-k,
+image sets at 32 px (the ViTs with 32-px position embeddings); ResNet-18/34, PreResNet-164, WRN-28-k,
 PyramidNet-272 and ResNet-152 at a small depth of their family (SHRUNK); a user checkpoint replaced
 by the seeded model's own weights written to a file; a tiny BERT for bert-base-uncased.
 """
@@ -46,6 +46,8 @@ CONFIGS = sorted(
 #: arguments otherwise): at full size they cost minutes per run on two CPU cores; their full-size
 #: forward passes are tested in tests/test_model_zoo_papers.py and the zoo's tests
 SHRUNK = {
+    "resnet18": {"depth": 10},  # the configs' own ResNet-18 / ResNet-34: blocks of the same kind
+    "resnet34": {"depth": 10},
     "preresnet164": {"depth": 20},
     "wrn28-10": {"depth": 10, "widen_factor": 2},
     "wrn28-2": {"depth": 10},
