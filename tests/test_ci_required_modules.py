@@ -168,7 +168,8 @@ def test_ci_requires_the_peers_where_it_installs_them():
     with ``SHARPSCAPE_REQUIRE_PEERS=1``; the README's command before it runs without the variable."""
     text = (ROOT / ".ci" / "run").read_text().splitlines()
     lines = [ln.strip() for ln in text if not ln.lstrip().startswith("#")]
-    readme = lines.index('pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q')
+    readme_cmd = 'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q'
+    readme = next(i for i, ln in enumerate(lines) if ln.startswith(readme_cmd))
     peers = lines.index("bash benchmarks/install_peers.sh")
     assert readme < peers
     required = [ln for ln in lines[peers:] if ln.startswith(f"{REQUIRE_PEERS_ENV}=1 python -m pytest")]
