@@ -26,15 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import landscape as ls  # noqa: E402
 from benchmarks._runner import add_ratios, base_argparser, report  # noqa: E402
 from landscape.curvature.base import saved_tensor_bytes  # noqa: E402
+from landscape.models import MLP  # noqa: E402
 
 SETTINGS = ("auto", 1, 2, 4)
-
-
-def _mlp(widths: list[int]) -> nn.Module:
-    layers: list[nn.Module] = []
-    for a, b in zip(widths[:-1], widths[1:]):
-        layers += [nn.Linear(a, b), nn.Tanh()]
-    return nn.Sequential(*layers[:-1])
 
 
 def _cnn() -> nn.Module:
@@ -46,13 +40,13 @@ def _cnn() -> nn.Module:
 
 def _cases(quick: bool) -> list[tuple[str, nn.Module, int, tuple[int, ...]]]:
     cases = [
-        ("mlp 64-32-32-10", _mlp([64, 32, 32, 10]), 500, (64,)),
-        ("mlp 64-32-32-10", _mlp([64, 32, 32, 10]), 1797, (64,)),
-        ("mlp 64-128-128-10", _mlp([64, 128, 128, 10]), 500, (64,)),
-        ("mlp 64-128-128-10", _mlp([64, 128, 128, 10]), 1797, (64,)),
+        ("mlp 64-32-32-10", MLP([64, 32, 32, 10], "tanh"), 500, (64,)),
+        ("mlp 64-32-32-10", MLP([64, 32, 32, 10], "tanh"), 1797, (64,)),
+        ("mlp 64-128-128-10", MLP([64, 128, 128, 10], "tanh"), 500, (64,)),
+        ("mlp 64-128-128-10", MLP([64, 128, 128, 10], "tanh"), 1797, (64,)),
         ("cnn 8x8", _cnn(), 256, (1, 8, 8)),
         ("cnn 8x8", _cnn(), 1797, (1, 8, 8)),
-        ("mlp 64-512-512-10", _mlp([64, 512, 512, 10]), 1797, (64,)),
+        ("mlp 64-512-512-10", MLP([64, 512, 512, 10], "tanh"), 1797, (64,)),
     ]
     return cases[:3] if quick else cases
 
