@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,11 @@ from tests import slurm_cluster
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("slurm_cluster")]
 
 CONFIG = "digits_sam_vs_sgd"
-#: the long run a task is signalled in: about 20 epochs a second here, so signals land mid-run
-EPOCHS = 300
+#: the long run a task is signalled in: batches of 8 make an epoch 180 steps (about 0.3 s here), so
+#: the few milliseconds between two epochs (checks, checkpoint, log line) are a small target, and a
+#: signal sent half an epoch after an epoch's log line lands mid-epoch (:func:`_signal_mid_epoch`)
+EPOCHS = 30
+BATCH = 8
 SMALL = ["seeds=[0,1]", "train.epochs=3", "evaluation.sharpness=[]", "threads=1"]
 
 
@@ -121,14 +125,25 @@ def test_six_run_config_completes_with_the_results_of_a_local_run(slurm_env, tmp
 def _long_run(out: Path) -> list[str]:
     return [
         "run", CONFIG, "seeds=[0]", 'methods=[{name="sam",optimizer="sam",hyperparameters={rho=0.05}}]',
-        f"train.epochs={EPOCHS}", "evaluation.sharpness=[]", "evaluation.every=0", "threads=1",
-        f"out_dir={out}",
+        f"train.epochs={EPOCHS}", f"train.batch_size={BATCH}", "evaluation.sharpness=[]",
+        "evaluation.every=0", "threads=1", f"out_dir={out}",
     ]  # fmt: skip
 
 
 def _epochs_done(run_dir: Path) -> int:
     log = run_dir / "log.jsonl"
     return len(log.read_text().splitlines()) if log.is_file() else 0
+
+
+def _signal_mid_epoch(cluster, job: str, run_dir: Path, after: int, *args: str) -> None:
+    """Wait for epoch ``after``'s log line, then half as long as that epoch took, then send
+    ``args`` (``scancel --signal=USR2``, ``scontrol requeue``) to ``job``: the task is then
+    about half-way through the next epoch, far from its boundaries."""
+    slurm_cluster.wait_until(
+        lambda: _epochs_done(run_dir) >= after, 300, f"{after} epochs", cluster, every=0.02
+    )
+    time.sleep(json.loads((run_dir / "log.jsonl").read_text().splitlines()[-1])["seconds"] / 2)
+    cluster.command(*args)
 
 
 def _release(cluster, job: str) -> None:
@@ -147,8 +162,7 @@ def test_a_task_signalled_mid_epoch_is_requeued_and_resumes_bit_identically(slur
     run_dir = out / CONFIG / "sam" / "seed0"
     job = read_job(run_dir)["id"]
     # the time-limit warning (SIGUSR2), by hand: the task checkpoints at the step and requeues itself
-    slurm_cluster.wait_until(lambda: _epochs_done(run_dir) >= 20, 300, "20 epochs", slurm_env, every=0.1)
-    slurm_env.command("scancel", "--signal=USR2", job)
+    _signal_mid_epoch(slurm_env, job, run_dir, 5, "scancel", "--signal=USR2", job)
     slurm_cluster.wait_until(lambda: read_job(run_dir)["state"] == "requeued", 180, "the requeue", slurm_env)
     assert read_job(run_dir)["signal"] == "SIGUSR2"
     blob = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
@@ -158,16 +172,13 @@ def test_a_task_signalled_mid_epoch_is_requeued_and_resumes_bit_identically(slur
     )
     _release(slurm_env, job)
     # a requeue by the scheduler (SIGTERM, as a preemption): Slurm brings the task back itself
-    slurm_cluster.wait_until(
-        lambda: read_job(run_dir)["state"] == "running" and _epochs_done(run_dir) >= 60,
-        120,
-        "the resume",
-        slurm_env,
-    )
-    slurm_env.command("scontrol", "requeue", job)
+    slurm_cluster.wait_until(lambda: read_job(run_dir)["state"] == "running", 120, "the resume", slurm_env)
+    _signal_mid_epoch(slurm_env, job, run_dir, 15, "scontrol", "requeue", job)
     slurm_cluster.wait_until(
         lambda: read_job(run_dir)["state"] == "stopped", 180, "the SIGTERM stop", slurm_env
     )
+    blob = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert blob["counters"]["epoch"] >= 15 and blob["counters"].get("batch", 0) > 0, "mid-epoch again"
     _release(slurm_env, job)
     assert slurm_cluster.wait_until(lambda: _all_finished(out / CONFIG), 600, "the run", slurm_env) == {
         "sam/seed0": "done"
@@ -188,7 +199,7 @@ def test_a_killed_task_is_reported_failed_with_its_log_and_resubmitted(slurm_env
     assert runner_main([*_long_run(out), "--slurm", "slurm.time=10"]) == 0
     root, run_dir = out / CONFIG, out / CONFIG / "sam" / "seed0"
     job = read_job(run_dir)["id"]
-    slurm_cluster.wait_until(lambda: _epochs_done(run_dir) >= 5, 300, "5 epochs", slurm_env, every=0.1)
+    slurm_cluster.wait_until(lambda: _epochs_done(run_dir) >= 3, 300, "3 epochs", slurm_env, every=0.1)
     slurm_env.command("scancel", "--signal=KILL", "--full", job)  # no warning: nothing is written
     (state,) = slurm_cluster.wait_until(
         lambda: [s for s in run_states([root]) if s.state == "failed"], 180, "the failure", slurm_env
@@ -202,7 +213,7 @@ def test_a_killed_task_is_reported_failed_with_its_log_and_resubmitted(slurm_env
     # the same command submits it again; it resumes from its last checkpoint (the lock the killed
     # task left is recognised by its Slurm job id)
     epochs_before = len(torch.load(run_dir / "checkpoint.pt", weights_only=True)["history"])
-    assert epochs_before >= 5
+    assert epochs_before >= 3
     assert runner_main([*_long_run(out), "--slurm", "slurm.time=10"]) == 0
     assert read_job(run_dir)["id"] != job
     assert slurm_cluster.wait_until(lambda: _all_finished(root), 600, "the resubmitted run", slurm_env) == {
