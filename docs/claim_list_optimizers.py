@@ -54,7 +54,7 @@ def _accuracy(variant: str, method: str, stat):
 
 
 #: ``docs/make_gtracer_divergence.py``: the miniature's diverged G-TRACER run replayed step by step,
-#: then the same run with the bound (about 2 min); bit-identical re-runs on one machine, float32
+#: then the same run with the bound (about 1 min); bit-identical re-runs on one machine, float32
 #: rounding elsewhere (the steps before the blow-up decide where it happens)
 DIVERGENCE = "docs/figures/gtracer_divergence.json"
 SEEDS_TABLE = "docs/figures/gtracer_seeds_table.json"
@@ -68,9 +68,9 @@ BLOWUP = "unbounded.first_ratio_above_blowup"
 LARGEST = "unbounded.largest_ratio"
 
 
-#: the 12 runs of ``--seeds-table`` (about 6 min on 2 cores) are checked against their JSON, not re-run
+#: the 12 runs of ``--seeds-table`` (about 3 min on 2 cores) are checked against their JSON, not re-run
 SEEDS_TABLE_NOTE = (
-    "python docs/make_gtracer_divergence.py --seeds-table (12 runs of 60 epochs, about 6 min on 2 cores): "
+    "python docs/make_gtracer_divergence.py --seeds-table (12 runs of 60 epochs, about 3 min on 2 cores): "
     "checked against its JSON, not re-run; tests/test_docs_optimizer_runs.py checks that its seed-1 row "
     "is the re-run bounded run"
 )
@@ -118,7 +118,7 @@ def _seeds_values(setting: str, prefix: str) -> dict[str, Any]:
 
 
 #: ``docs/make_vsam_sigma_growth.py``: VSAM at sigma_lr = 0.01, two steps of WRN-28-10 on one random
-#: batch and 120 steps of a WRN-10-1 on the digits, with variants (about 5 min on one thread)
+#: batch and 120 steps of a WRN-10-1 on the digits, with variants (about 3.5 min on one thread)
 SIGMA_GROWTH = "docs/figures/vsam_sigma_growth.json"
 WRN = "wrn28_10.num_data"
 DIGITS_VARIANTS = ("float64", "no_label_smoothing", "no_weight_decay", "constant_lr")

@@ -1,7 +1,7 @@
 """Why G-TRACER at its defaults diverges on the label-noise miniature, step by step, and the bound.
 
-    python docs/make_gtracer_divergence.py [--out docs/figures/gtracer_divergence.json]  # ~2 min
-    python docs/make_gtracer_divergence.py --seeds-table    # + 12 runs of 60 epochs, ~6 min more
+    python docs/make_gtracer_divergence.py [--out docs/figures/gtracer_divergence.json]  # ~1 min
+    python docs/make_gtracer_divergence.py --seeds-table    # + 12 runs of 60 epochs, ~3 min more
 
 The run is the label-noise miniature's (``configs/miniatures/label_noise.toml``: tanh MLP
 64-128-128-10, batch 32, learning rate 0.05, momentum 0.9, SGD-TRACER at the defaults
@@ -28,7 +28,7 @@ values where it is on and off, and ``f_bar`` and ``|g|`` on its weights.
 Then the same run with ``max_correction_ratio = 1`` (``||2 rho H v|| <= ||g||``) for the config's 60
 epochs: how many steps the bound acted on, the median correction ratio and the final test accuracy.
 
-``--seeds-table [PATH]`` (about 6 min more on 2 cores; ``docs/figures/gtracer_seeds_table.json``)
+``--seeds-table [PATH]`` (about 3 min more on 2 cores; ``docs/figures/gtracer_seeds_table.json``)
 runs, for the 3 seeds and both noise levels of the
 miniature (40 %, 60 %), the bound ``c = 1`` and the former defaults ``rho = 1e-3``, ``delta = 1e-2``
 without it (the damped regime): the final test accuracy, the steps whose ratio exceeded 10 (an
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="PATH",
         help="also run the bound and the former defaults on all 3 seeds x 2 noise levels (12 runs, "
-        "~6 min on 2 cores) into PATH (default docs/figures/gtracer_seeds_table.json)",
+        "~3 min on 2 cores) into PATH (default docs/figures/gtracer_seeds_table.json)",
     )
     ap.add_argument("--workers", type=int, default=2, help="processes for --seeds-table")
     args = ap.parse_args(argv)

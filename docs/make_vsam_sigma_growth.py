@@ -1,6 +1,6 @@
 """VariationalSAM at ``sigma_lr = 0.01``: how far one step throws ``sigma``, and ``||eps||`` with it.
 
-    python docs/make_vsam_sigma_growth.py [--out docs/figures/vsam_sigma_growth.json]   # ~5 min, 1 thread
+    python docs/make_vsam_sigma_growth.py [--out docs/figures/vsam_sigma_growth.json]   # ~3.5 min, 1 thread
 
 The numbers behind the paragraph "Step size scales with rho^2/p" of ``docs/methods/optimizers.md``
 and the ``sigma_lr`` comment of ``configs/vsam_cifar10_wrn.toml``. ``VariationalSAM`` starts at
