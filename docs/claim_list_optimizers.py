@@ -342,8 +342,7 @@ CLAIMS: list[Claim] = [
             "jump": f"{BLOWUP}.penalty_jump",
             "c": f"{BLOWUP}.correction_norm",
             "r": f"{BLOWUP}.correction_ratio",
-            # the perturbation 2 rho v of the SAM reading, at the default rho = 1e-6
-            "len": lambda d: 2e-6 * d["unbounded"]["first_ratio_above_blowup"]["v_norm"],
+            "len": f"{BLOWUP}.perturbation_norm",
         },
         "The penalty $T$ jumped {jump:.0f}-fold, and $\\lVert 2\\rho Hv\\rVert = {c:.0f}$ was {r:.0f} "
         "times $\\lVert g\\rVert$. In the SAM reading above, the perturbation $2\\rho v$ had length "
