@@ -116,6 +116,33 @@ def test_submission_through_submitits_local_executor_gives_the_local_results(tmp
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_task_runs_with_the_configured_threads_whatever_its_process_had(tmp_path, monkeypatch):
+    """A Slurm task is a fresh process whose torch threads are the node's default (and whatever
+    OMP_NUM_THREADS the submitting shell exported): a run's and a study member's task set the
+    config's ``threads`` themselves, so their numbers equal a local run's bit for bit."""
+    from experiments import runner
+    from experiments.study import population
+
+    seen = []
+    monkeypatch.setattr(runner, "run_one", lambda *a, **k: seen.append(torch.get_num_threads()) or {})
+    monkeypatch.setattr(
+        population, "train_and_measure", lambda *a, **k: seen.append(torch.get_num_threads()) or {"row": {}}
+    )
+    cfg = load_config(ROOT / "configs" / f"{CONFIG}.toml", [*SMALL, f"out_dir={tmp_path}"])
+    run = plan_runs(cfg)[0]
+    point = {"model": "mlp", "optimizer": "sgd", "lr": 0.1, "batch_size": 8, "weight_decay": 0.0}
+    point |= {"width": 8, "n_train": 32, "seed": 0}
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        run_task(run)
+        torch.set_num_threads(2)
+        population.member_task((point, {"threads": 1}, run, str(tmp_path), "fp", False))
+    finally:
+        torch.set_num_threads(old)
+    assert seen == [1, 1]
+
+
 # ---------------------------------------------------------------------------------- task records
 def _fail(message):
     raise ValueError(message)

@@ -107,7 +107,12 @@ def test_six_run_config_completes_with_the_results_of_a_local_run(slurm_env, tmp
     assert len(jobs) == 6 and len({j.split("_")[0] for j in jobs}) == 1  # one array, six tasks
     states = slurm_cluster.wait_until(lambda: _all_finished(root), 600, "six tasks", slurm_env)
     assert set(states.values()) == {"done"}, states
-    for run_dir in root.glob("*/seed*"):
+    # a run's result (metrics.json) is written a moment before its task records how it ended
+    run_dirs = sorted(root.glob("*/seed*"))
+    slurm_cluster.wait_until(
+        lambda: all(read_job(d)["state"] != "running" for d in run_dirs), 60, "the tasks' records", slurm_env
+    )
+    for run_dir in run_dirs:
         assert read_job(run_dir)["state"] == "finished"
         assert (root / "slurm" / Path(read_job(run_dir)["stderr"]).name).is_file()  # logs beside the runs
     # the same command again submits nothing (every run has its result)

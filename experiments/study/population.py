@@ -121,17 +121,15 @@ def _finished(path: Path, fp: str) -> dict[str, Any] | None:
 
 
 def member_task(task: tuple[dict[str, Any], dict[str, Any], Run, str, str, bool]) -> dict[str, Any]:
-    """Train and measure one member and write ``models/<id>.json``; returns that document."""
+    """Train and measure one member with the study's ``threads`` torch threads (in this process,
+    a worker process or a Slurm task alike) and write ``models/<id>.json``; returns that document."""
     point, cfg, run, out, fp, progress = task
+    torch.set_num_threads(cfg["threads"])
     res = train_and_measure(point, cfg, run, progress=progress)
     res["run_dir"] = str(run.run_dir.relative_to(out))
     done = {"fingerprint": fp, "config": {"point": point, "study": cfg, "runner": run.cfg}, **res}
     atomic_write_json(Path(out) / "models" / f"{model_id(point)}.json", done)
     return done
-
-
-def _worker_init(threads: int) -> None:
-    torch.set_num_threads(threads)
 
 
 def _log_outcome(log: Any, row: dict[str, Any]) -> None:
@@ -234,7 +232,6 @@ def run_population(
     t0 = time.perf_counter()
     out = Path(out_dir)
     members, docs, todo = _prepare(cfg, out, shares, progress and jobs == 1, log)
-    torch.set_num_threads(cfg["threads"])
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -258,7 +255,7 @@ def run_population(
             # LeNet-5 members first: the longest tasks do not end the run on one worker
             todo.sort(key=lambda t: t[0]["model"] == "mlp")
             ctx = multiprocessing.get_context("spawn")
-            with ctx.Pool(jobs, initializer=_worker_init, initargs=(cfg["threads"],)) as pool:
+            with ctx.Pool(jobs) as pool:
                 for doc in pool.imap_unordered(member_task, todo):
                     finished(doc)
     finally:
