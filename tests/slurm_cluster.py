@@ -2,7 +2,8 @@
 temporary directory on loopback, without systemd.
 
 :func:`start` writes a munge key and a ``slurm.conf`` (one node with this machine's CPUs, one
-partition, no accounting database, no cgroups, free ports), starts ``munged``, ``slurmctld`` and
+partition, no accounting database, no cgroups, free ports; the daemons listen on loopback only
+where this machine's name resolves to it, as on CI), starts ``munged``, ``slurmctld`` and
 ``slurmd`` and waits until the node is idle; the client commands (``sbatch``, ``squeue``,
 ``scontrol``, and submitit, which calls them) find the cluster through ``SLURM_CONF``.
 :func:`unavailable` says why a cluster cannot start here (not installed, not root: ``slurmd``
@@ -41,6 +42,20 @@ def unavailable() -> str | None:
     return None
 
 
+#: the daemons bind to the address this machine's name resolves to instead of all interfaces
+LOOPBACK_ONLY = ["CommunicationParameters=NoInAddrAny,NoCtldInAddrAny"]
+
+
+def _resolves_to_loopback(host: str) -> bool:
+    """Whether ``host`` resolves to a loopback address (then :data:`LOOPBACK_ONLY` keeps the
+    daemons on it; where it resolves to another interface they keep listening on all of them, as
+    the clients reach them through 127.0.0.1)."""
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,6 +79,18 @@ class Cluster:
         if check and out.returncode != 0:
             raise RuntimeError(f"{' '.join(args)}: {out.stderr.strip() or out.stdout.strip()}")
         return out.stdout
+
+    def listening(self) -> dict[str, str]:
+        """``{daemon: IPv4 address}`` of the sockets the daemons listen on (``/proc/net/tcp``)."""
+        conf = dict(line.split("=", 1) for line in self.conf.read_text().splitlines() if "=" in line)
+        ports = {int(conf["SlurmctldPort"]): "slurmctld", int(conf["SlurmdPort"]): "slurmd"}
+        out = {}
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            addr, port = local.split(":")
+            if state == "0A" and int(port, 16) in ports:  # 0A: LISTEN
+                out[ports[int(port, 16)]] = socket.inet_ntoa(bytes.fromhex(addr)[::-1])
+        return out
 
     def log_tail(self) -> str:
         return "\n".join(
@@ -164,6 +191,7 @@ def start(root: Path, cpus: int | None = None) -> Cluster:
                 "AccountingStorageType=accounting_storage/none",
                 "JobAcctGatherType=jobacct_gather/none",
                 "SwitchType=switch/none",
+                *(LOOPBACK_ONLY if _resolves_to_loopback(host) else []),
                 "KillWait=10",
                 "MinJobAge=600",
                 f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -96,6 +97,13 @@ def _same_weights(a: Path, b: Path) -> None:
 def _history(run_dir: Path) -> list[dict]:
     rows = [json.loads(x) for x in (run_dir / "log.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+def test_the_daemons_listen_on_loopback_only(cluster):
+    host = socket.gethostname().split(".")[0]
+    if not slurm_cluster._resolves_to_loopback(host):
+        pytest.skip(f"{host} resolves to {socket.gethostbyname(host)}: the daemons listen on all interfaces")
+    assert cluster.listening() == {"slurmctld": "127.0.0.1", "slurmd": "127.0.0.1"}
 
 
 def test_six_run_config_completes_with_the_results_of_a_local_run(slurm_env, tmp_path, capsys):
