@@ -32,7 +32,8 @@ anything changes (:func:`check_dense`): the perturbation's norms need dense grad
 
 Non-finite gradients: a step never spreads a NaN / inf gradient into the weights. Before the update
 it checks, with one host read, the norms of the first pass's gradient (which the perturbation has
-computed anyway) and of the descent gradient (one fused ``foreach`` max-norm); a non-finite value
+computed anyway) and of the descent gradient (one fused ``foreach`` 2-norm, :func:`check_finite`); a
+non-finite value
 raises :class:`NonFiniteGradient` (a ``FloatingPointError``) naming the optimizer and the pass. The
 weights are then bit for bit those before the step and the optimizer's state (momentum, precision,
 step counts) is untouched; a split step is closed (as ``cancel_step()``). The generator has
@@ -44,6 +45,7 @@ records the run as diverged (``experiments.divergence``).
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -125,6 +127,9 @@ def check_dense(params: Iterable[torch.Tensor], who: str) -> None:
             )
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def check_finite(
     optimizer: Any,
     first: Sequence[torch.Tensor],
@@ -136,20 +141,25 @@ def check_finite(
     per-chunk tensors the step computed anyway; empty for a one-pass method) and the descent
     gradient ``descent`` are finite. ``where``: the two passes' points, e.g. ``("at w", "at w +
     eps")``; ``loss``: the step's loss (a tensor, or one per chunk: their mean), kept on the error.
-    One host read (a ``tolist`` of two flags)."""
-    flags = []
-    if first:
-        flags.append(torch.isfinite(torch.cat([t.reshape(-1) for t in first])).all())
-    if descent:  # max-norm: no overflow of a sum of squares, and NaN propagates
-        flags.append(torch.isfinite(torch.stack(torch._foreach_norm(list(descent), float("inf")))).all())
-    if not flags:
+
+    Both are checked through their per-tensor 2-norms (one fused ``foreach`` kernel: a NaN or inf
+    entry makes its norm NaN or inf) and the sum of those (norms are >= 0: finite iff each is); for
+    half-precision gradients the norms are accumulated in float32, so that a finite float16 gradient
+    never overflows its norm. A float32 norm overflows only for entries beyond about 1e19, which
+    count as non-finite, as they already do in the perturbation's norm. One host read (the sum);
+    which pass failed is worked out only then."""
+    tensors = [*first, *descent]
+    if not tensors:
         return
-    ok = torch.stack(flags).tolist()
-    if not all(ok):
-        at = where[0] if first and not ok[0] else where[1]
-        losses = loss if isinstance(loss, (list, tuple)) else [] if loss is None else [loss]
-        value = sum(float(torch.as_tensor(v).double().mean()) for v in losses) / max(len(losses), 1)
-        raise NonFiniteGradient(type(optimizer).__name__, at, value if losses else None)
+    half = any(t.dtype in _HALF for t in descent)
+    norms = torch._foreach_norm(tensors, 2.0, dtype=torch.float32 if half else None)
+    if math.isfinite(torch.stack(norms).sum()):
+        return
+    first_ok = not first or bool(torch.isfinite(torch.cat([t.reshape(-1) for t in first])).all())
+    at = where[1] if first_ok else where[0]
+    losses = loss if isinstance(loss, (list, tuple)) else [] if loss is None else [loss]
+    value = sum(float(torch.as_tensor(v).double().mean()) for v in losses) / max(len(losses), 1)
+    raise NonFiniteGradient(type(optimizer).__name__, at, value if losses else None)
 
 
 class SplitProtocol:

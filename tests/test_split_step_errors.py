@@ -332,6 +332,30 @@ def test_nonfinite_gradient_in_a_split_step_raises_at_second_step_with_w_restore
         assert _equal(before[key], after[key]), key
 
 
+def test_the_gradient_check_tells_finite_from_nonfinite_in_every_precision():
+    """check_finite on hand-made gradients: a float16 gradient whose norm exceeds float16's range
+    (65504) is finite and passes; one NaN or inf entry, in either pass, is refused with its pass."""
+    from optimizers.step_protocol import check_finite
+
+    opt = SAM(nn.Linear(2, 1).parameters(), torch.optim.SGD, lr=0.1)
+    where = ("at w", "at w + eps")
+    big = [torch.full((100_000,), 300.0, dtype=torch.float16), torch.ones(3, dtype=torch.float16)]
+    assert float(torch.stack([g.float().norm() for g in big]).max()) > 65504
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        grads = [g.to(dtype) for g in big]
+        check_finite(opt, [torch.tensor(1.0)], grads, where)  # finite: no error
+        for bad in (math.nan, math.inf, -math.inf):
+            poisoned = [grads[0], grads[1].clone()]
+            poisoned[1][1] = bad
+            with pytest.raises(NonFiniteGradient, match="at w \\+ eps") as info:
+                check_finite(opt, [torch.tensor(1.0)], poisoned, where, torch.tensor(2.5))
+            assert info.value.where == "at w + eps" and info.value.loss == 2.5
+            with pytest.raises(NonFiniteGradient, match="at w;") as info:
+                check_finite(opt, [torch.tensor([1.0, bad])], grads, where)
+            assert info.value.where == "at w" and info.value.loss is None
+    check_finite(opt, [], [], where)  # nothing to check
+
+
 def test_nan_loss_from_nan_data_is_reported_with_its_loss():
     model, opt, x, y = _setup("sam")
     w = [p.detach().clone() for p in model.parameters()]

@@ -20,8 +20,8 @@ G-TRACER decides on the host whether a step is finite (its ``FloatingPointError`
 bound its correction: its step makes exactly one read, a single ``tolist`` of every number it needs
 (:data:`ONE_READ`). Likewise the optimizers with a split step (the SAM family, bSAM: a
 :class:`optimizers.step_protocol.SplitProtocol`) refuse a NaN / inf gradient before their update
-(:func:`optimizers.step_protocol.check_finite`): one ``tolist`` of two flags per step
-(:data:`FINITE_READ`), and nothing else.
+(:func:`optimizers.step_protocol.check_finite`): one scalar read per step, the sum of the
+gradients' norms (:data:`FINITE_READ`), and nothing else.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ BATCH, STEPS = 64, 3
 TRACERS = ("gtracer", "sgd_tracer", "adam_tracer")
 #: G-TRACER's one read per step: every number its host-side decisions need, in one transfer
 ONE_READ = [("Tensor.tolist", ("optimizers/bayes/tracer.py", "step"))]
-#: the gradient check of the optimizers with a split step: one read of two flags per step
-FINITE_READ = [("Tensor.tolist", ("optimizers/step_protocol.py", "check_finite"))]
+#: the gradient check of the optimizers with a split step: one scalar read per step
+FINITE_READ = [("aten._local_scalar_dense.default", ("optimizers/step_protocol.py", "check_finite"))]
 
 #: Method tables and hyperparameters some methods need (the runner's ConfigError names them).
 EXTRA: dict[str, dict] = {
