@@ -99,6 +99,13 @@ def _history(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
 
 
+def test_the_module_stays_on_one_worker(request):
+    """Under ``--dist loadgroup`` (``.ci/run``) every test here carries its group in its id, so one
+    worker runs them all on one cluster (pytest 9.2 broke that renaming: pyproject pins below it)."""
+    if getattr(request.config.option, "loadgroup", False):
+        assert request.node.nodeid.endswith("@slurm_cluster"), request.node.nodeid
+
+
 def test_the_daemons_listen_on_loopback_only(cluster):
     host = socket.gethostname().split(".")[0]
     if not slurm_cluster._resolves_to_loopback(host):
