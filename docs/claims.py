@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import platform
 import re
 import shlex
@@ -294,12 +295,23 @@ def page_problems(claims: list[Claim], lists: Any) -> list[str]:
     return problems
 
 
+#: the environment of every re-run: the same CPU code paths on every x86 machine, so that a claim
+#: re-runs to the same bits wherever it runs. MKL's conditional numerical reproducibility mode fixes
+#: its matrix products, and ATen's AVX2 kernels its element-wise and reduction ones. Without them an
+#: AVX-512 Intel CPU takes other paths than the AVX2 machines that wrote the committed JSON, and a
+#: sensitive run ends elsewhere (ASAM's path in Fisher-SAM's Fig. 3 by 1.3 in y, VSAM without its
+#: entropy term at loss 1.36 instead of 0.72, the SAM point of bSAM's Fig. 3). Regenerate a JSON by
+#: hand with these variables set (``MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=avx2 python ...``).
+RERUN_ENV = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
 def rerun(claim: Claim, out_dir: Path) -> dict[str, float]:
-    """Run the claim's command writing into ``out_dir``; the values it produced."""
+    """Run the claim's command writing into ``out_dir`` (in :data:`RERUN_ENV`); the values it produced."""
     assert claim.rerun is not None
+    env = {**os.environ, **RERUN_ENV}
     for step in claim.rerun.format(out=str(out_dir)).split(" && "):
         cmd = [sys.executable if a == "python" else a for a in shlex.split(step)]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
         if done.returncode not in claim.ok_status:
             raise RuntimeError(f"{claim.id}: {step!r} failed ({done.returncode}): {done.stderr[-2000:]}")
     return read_values(claim, out_dir / Path(claim.source).name)
