@@ -12,6 +12,10 @@ from typing import Any
 Extract = Callable[[Any], float] | str
 
 
+#: ATen's AVX2 kernels (``Claim.rerun_env`` of a result written with them and sensitive to them)
+ATEN_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2"}
+
+
 @dataclass(frozen=True)
 class Claim:
     """One quoted result (see ``docs/claims.py``'s docstring).
@@ -36,4 +40,7 @@ class Claim:
     notes: str = ""
     minus: str = "−"
     ok_status: tuple[int, ...] = (0,)
+    #: variables the re-run sets on top of ``claims.RERUN_ENV``: the CPU code path the committed JSON
+    #: was written with, where the result is sensitive to it (``{"ATEN_CPU_CAPABILITY": "avx2"}``)
+    rerun_env: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)

@@ -295,20 +295,21 @@ def page_problems(claims: list[Claim], lists: Any) -> list[str]:
     return problems
 
 
-#: the environment of every re-run: the same CPU code paths on every x86 machine, so that a claim
-#: re-runs to the same bits wherever it runs. MKL's conditional numerical reproducibility mode fixes
-#: its matrix products, and ATen's AVX2 kernels its element-wise and reduction ones. Without them an
-#: AVX-512 Intel CPU takes other paths than the AVX2 machines that wrote the committed JSON, and a
-#: sensitive run ends elsewhere (ASAM's path in Fisher-SAM's Fig. 3 by 1.3 in y, VSAM without its
-#: entropy term at loss 1.36 instead of 0.72, the SAM point of bSAM's Fig. 3). Regenerate a JSON by
-#: hand with these variables set (``MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=avx2 python ...``).
-RERUN_ENV = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "avx2"}
+#: the environment of every re-run: MKL's conditional numerical reproducibility mode, so that its
+#: matrix products give the same bits on every x86 CPU (the committed JSON files were written on
+#: AMD machines, where MKL takes that path anyway; on an AVX-512 Intel CPU it takes another, and a
+#: sensitive run ends elsewhere: ASAM's path in Fisher-SAM's Fig. 3 by 1.3 in y, VSAM without its
+#: entropy term at loss 1.36 instead of 0.72). A claim adds what else its JSON was written with
+#: (``Claim.rerun_env``: ATen's AVX2 kernels where a result is sensitive to them). Regenerate a
+#: JSON by hand with the same variables set (``MKL_CBWR=COMPATIBLE python ...``).
+RERUN_ENV = {"MKL_CBWR": "COMPATIBLE"}
 
 
 def rerun(claim: Claim, out_dir: Path) -> dict[str, float]:
-    """Run the claim's command writing into ``out_dir`` (in :data:`RERUN_ENV`); the values it produced."""
+    """Run the claim's command writing into ``out_dir`` (in :data:`RERUN_ENV` and the claim's
+    ``rerun_env``); the values it produced."""
     assert claim.rerun is not None
-    env = {**os.environ, **RERUN_ENV}
+    env = {**os.environ, **RERUN_ENV, **claim.rerun_env}
     for step in claim.rerun.format(out=str(out_dir)).split(" && "):
         cmd = [sys.executable if a == "python" else a for a in shlex.split(step)]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
