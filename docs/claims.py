@@ -297,11 +297,12 @@ def page_problems(claims: list[Claim], lists: Any) -> list[str]:
 
 #: the environment of every re-run: MKL's conditional numerical reproducibility mode, so that its
 #: matrix products give the same bits on every x86 CPU (the committed JSON files were written on
-#: AMD machines, where MKL takes that path anyway; on an AVX-512 Intel CPU it takes another, and a
-#: sensitive run ends elsewhere: ASAM's path in Fisher-SAM's Fig. 3 by 1.3 in y, VSAM without its
-#: entropy term at loss 1.36 instead of 0.72). A claim adds what else its JSON was written with
-#: (``Claim.rerun_env``: ATen's AVX2 kernels where a result is sensitive to them). Regenerate a
-#: JSON by hand with the same variables set (``MKL_CBWR=COMPATIBLE python ...``).
+#: AMD machines, where MKL takes that path anyway, or with it set; on an AVX-512 Intel CPU MKL
+#: otherwise takes another, and a sensitive run ends elsewhere: ASAM's path in Fisher-SAM's Fig. 3
+#: by 1.3 in y, VSAM without its entropy term at loss 1.36 instead of about 0.73). A claim adds
+#: what else its JSON was written with (``Claim.rerun_env``: ATen's AVX2 kernels where a result is
+#: sensitive to them). Regenerate a JSON by hand with the same variables set
+#: (``MKL_CBWR=COMPATIBLE python ...``).
 RERUN_ENV = {"MKL_CBWR": "COMPATIBLE"}
 
 

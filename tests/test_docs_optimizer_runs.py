@@ -129,7 +129,9 @@ def test_vsam_on_the_digits_stays_at_chance_with_the_entropy_term_and_trains_wit
         if name in ("sam", "kl_weight_0"):
             assert last < 0.8, name
         else:
-            assert abs(last - chance) < 0.1, name
+            # near chance: the last batch's loss scatters around ln 10 (up to 0.13 above it on an
+            # AVX-512 CPU), far from the trained runs' < 0.8
+            assert abs(last - chance) < 0.2, name
             # the entropy and prior terms alone, sigma <- sigma (1 - lr / N) + lr / (N sigma) in units of
             # sigma_0 (prior_std = 1), 120 times from 1: the data term only pulls sigma down a little
             s0 = run["sigma_0"]
