@@ -198,6 +198,10 @@ def registry_problems(claims: list[Claim]) -> list[str]:
             if now[key] != old[key]:
                 problems.append(f"{claim.id}: {key} differs from the registry (python docs/claims.py update)")
     problems += [f"{cid}: in the registry but no longer a claim" for cid in committed]
+    envs: dict[str, dict[str, str]] = {}
+    for claim in claims:  # one command writes one JSON, in one environment
+        if claim.rerun and envs.setdefault(claim.rerun, claim.rerun_env) != claim.rerun_env:
+            problems.append(f"{claim.id}: rerun_env differs from that of the other claims of {claim.rerun!r}")
     return problems
 
 

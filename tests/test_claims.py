@@ -133,7 +133,7 @@ def _by_command(cost: str) -> list[list]:
     groups: dict[str, list] = {}
     for c in CLAIMS:
         if c.rerun and c.cost == cost:
-            groups.setdefault((c.rerun, tuple(sorted(c.rerun_env.items()))), []).append(c)
+            groups.setdefault(c.rerun, []).append(c)  # one environment per command (registry_problems)
     return list(groups.values())
 
 
